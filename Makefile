@@ -1,0 +1,40 @@
+# pd-deploy: the two commands the README promises, plus lint / bench helpers.
+#   make demo   venv + render-only run of the main playbook on the embedded inventories (no hardware)
+#   make test   venv + lint + unit/render tests + Molecule scenarios on a local Docker engine
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: venv demo test lint unit molecule bench clean
+
+venv: $(STAMP)
+
+$(STAMP): requirements.txt requirements-dev.txt
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --disable-pip-version-check -r requirements-dev.txt
+	touch $(STAMP)
+
+demo: venv
+	$(BIN)/ansible-playbook playbooks/deploy-pd.yml -e pd_render_only=true
+	$(BIN)/ansible-playbook playbooks/deploy-pd.yml -i inventories/example -e pd_render_only=true
+	@echo "Launch specs: build/render/<host>/*.json   Capacity: build/render/<cluster>/capacity.md"
+
+lint: venv
+	$(BIN)/yamllint --strict .
+	$(BIN)/ansible-lint --offline
+
+unit: venv
+	$(BIN)/pytest -q tests
+
+molecule: venv
+	PATH="$(CURDIR)/$(BIN):$$PATH" bash tests/harness/run-molecule.sh
+
+test: lint unit molecule
+
+bench: venv
+	$(BIN)/python bench/bench.py
+
+clean:
+	rm -rf build .pytest_cache .hypothesis
