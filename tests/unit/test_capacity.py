@@ -1,0 +1,393 @@
+"""Unit tests for pd_deploy.capacity: the article's capacity and tuning arithmetic."""
+
+from fractions import Fraction
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from jinja2.nativetypes import NativeEnvironment
+
+from pd_deploy import capacity
+from pd_deploy.capacity import (
+    DANGER_ZONE,
+    SWEET_SPOT,
+    UPPER_BOUND,
+    batched_tokens_level,
+    d_batched_tokens,
+    expected_p_concurrency,
+    kv_budget,
+    kv_tokens,
+    recommend_batched_tokens,
+    recommend_max_num_seqs,
+    retention_interval,
+)
+from pd_deploy.errors import PdError
+
+GiB = 1024**3
+
+
+# --- kv_budget ------------------------------------------------------------------------------------
+
+
+def test_kv_budget_article_910b3_host():
+    # Article §3.4: 8 x 64 GB = 512 GB HBM, x 0.85 utilization x 0.6 KV share ~= 261 GB; DP2 -> ~130 GB.
+    hbm_total = 8 * 64 * GiB
+    host_exact = Fraction(hbm_total) * Fraction(85, 100) * Fraction(6, 10)
+    budget = kv_budget("64GiB", 8, 0.85, 0.6, dp=2)
+    assert budget == {
+        "hbm_total_bytes": hbm_total,
+        "host_bytes": int(host_exact),
+        "per_dp_group_bytes": int(host_exact / 2),
+    }
+    assert 261 <= budget["host_bytes"] / GiB < 262
+    assert 130 <= budget["per_dp_group_bytes"] / GiB < 131
+
+
+def test_kv_budget_defaults_and_bounds():
+    hbm = 64 * GiB
+    one_group = kv_budget(hbm, 8, 1)  # utilization 1 and kv_share 0.6 by default, dp 1
+    assert one_group["host_bytes"] == one_group["per_dp_group_bytes"] == int(Fraction(8 * hbm) * Fraction(3, 5))
+    assert kv_budget(hbm, 8, 0.9, kv_share=1)["host_bytes"] == int(Fraction(8 * hbm) * Fraction(9, 10))
+    a3 = kv_budget("64GiB", 16, 0.85, dp=4)  # A3 host: 16 NPUs
+    assert a3["per_dp_group_bytes"] == int(Fraction(16 * hbm) * Fraction(51, 100) / 4)
+
+
+@pytest.mark.parametrize(
+    "kwargs, field",
+    [
+        ({"gpu_memory_utilization": 0}, "gpu_memory_utilization"),
+        ({"gpu_memory_utilization": 1.2}, "gpu_memory_utilization"),
+        ({"gpu_memory_utilization": "0.85"}, "gpu_memory_utilization"),
+        ({"gpu_memory_utilization": True}, "gpu_memory_utilization"),
+        ({"kv_share": 0}, "kv_share"),
+        ({"kv_share": 1.5}, "kv_share"),
+        ({"kv_share": None}, "kv_share"),
+        ({"devices": 0}, "devices"),
+        ({"devices": "8"}, "devices"),
+        ({"devices": 8.0}, "devices"),
+        ({"dp": 0}, "dp"),
+        ({"dp": 3}, "dp"),  # 3 does not divide 8 devices
+        ({"dp": True}, "dp"),
+        ({"hbm_per_device": "lots"}, "hbm_per_device"),
+        ({"hbm_per_device": "-64GiB"}, "hbm_per_device"),
+        ({"hbm_per_device": 0}, "hbm_per_device"),
+    ],
+)
+def test_kv_budget_refuses(kwargs, field):
+    args = {"hbm_per_device": "64GiB", "devices": 8, "gpu_memory_utilization": 0.85, "kv_share": 0.6, "dp": 2}
+    args.update(kwargs)
+    with pytest.raises(PdError) as info:
+        kv_budget(**args)
+    assert (info.value.where, info.value.field) == ("pd_kv_budget", field)
+    assert str(info.value).startswith(f"pd_kv_budget: {field}: ")
+
+
+def test_kv_budget_twice_same_answer():
+    assert kv_budget("64GiB", 8, 0.85, 0.6, 2) == kv_budget("64GiB", 8, 0.85, 0.6, 2)
+
+
+# --- kv_tokens ------------------------------------------------------------------------------------
+
+
+def test_kv_tokens_floor():
+    assert kv_tokens("130GiB", 8) == 130 * GiB // 8
+    assert kv_tokens(1000, 3.3) == int(Fraction(1000) / Fraction("3.3"))  # 303, not 303.03
+    per_group = kv_budget("64GiB", 8, 0.85, 0.6, 2)["per_dp_group_bytes"]
+    assert kv_tokens(per_group, 13727) == per_group // 13727
+
+
+@pytest.mark.parametrize(
+    "args, field",
+    [
+        (("130GiB", 0), "bytes_per_token"),
+        (("130GiB", -8), "bytes_per_token"),
+        (("130GiB", "8"), "bytes_per_token"),
+        (("-1G", 8), "kv_bytes"),
+        ((None, 8), "kv_bytes"),
+    ],
+)
+def test_kv_tokens_refuses(args, field):
+    with pytest.raises(PdError) as info:
+        kv_tokens(*args)
+    assert (info.value.where, info.value.field) == ("pd_kv_tokens", field)
+
+
+def test_kv_tokens_twice_same_answer():
+    assert kv_tokens(1000, 3.3) == kv_tokens(1000, 3.3)
+
+
+# --- batched tokens: levels and recommendation ---------------------------------------------------
+
+
+def test_article_safety_line_constants():
+    assert (SWEET_SPOT, UPPER_BOUND, DANGER_ZONE) == (32 * 1024, 48 * 1024, 64 * 1024)
+
+
+@pytest.mark.parametrize(
+    "value, level",
+    [
+        (144, "ok"),
+        (16384, "ok"),
+        (SWEET_SPOT, "ok"),
+        (SWEET_SPOT + 1, "upper"),
+        (UPPER_BOUND, "upper"),
+        (DANGER_ZONE, "upper"),
+        (DANGER_ZONE + 1, "danger"),
+        (131072, "danger"),
+    ],
+)
+def test_batched_tokens_level(value, level):
+    assert batched_tokens_level(value) == level
+    assert batched_tokens_level(value, tp=4) == batched_tokens_level(value, tp=4)
+
+
+@pytest.mark.parametrize("args", [(0,), ("32768",), (True,), (32768.0,), (32768, 0), (32768, "4")])
+def test_batched_tokens_level_refuses(args):
+    with pytest.raises(PdError) as info:
+        batched_tokens_level(*args)
+    assert info.value.where == "pd_batched_tokens_level"
+
+
+def _round_up(value, step):
+    return (value + step - 1) // step * step
+
+
+@pytest.mark.parametrize(
+    "avg, low, high",
+    [
+        (1024, 16384, 16384),
+        (4 * 1024, 16384, 16384),
+        (6000, 16384, 24576),
+        (8 * 1024, 16384, 24576),
+        (10240, 32768, 32768),
+        (16 * 1024, 32768, 32768),
+        (20000, 49152, 65536),
+        (28000, 49152, 65536),
+        (32 * 1024, 49152, 65536),
+    ],
+)
+def test_recommend_batched_tokens_table(avg, low, high):
+    result = recommend_batched_tokens(avg)
+    expected = min(high, max(low, _round_up(2 * avg, 8192)))
+    assert result["recommended"] == expected
+    assert (result["low"], result["high"]) == (low, high)
+    assert result["recommended"] >= 2 * avg
+    assert result["level"] == batched_tokens_level(expected)
+    assert str(2 * avg) in result["rule"]
+
+
+def test_recommend_batched_tokens_article_rows():
+    # Article table: <= 4K -> 16384; 16K -> 32768; 32K -> 49152..65536.
+    assert recommend_batched_tokens(4096)["recommended"] == 16384
+    assert recommend_batched_tokens(16384)["recommended"] == 32768 == SWEET_SPOT
+    assert recommend_batched_tokens(20000)["recommended"] == UPPER_BOUND
+    assert recommend_batched_tokens(32768)["recommended"] == 2 * 32768 == DANGER_ZONE
+
+
+def test_recommend_batched_tokens_beyond_table_is_error_level():
+    avg = 40000
+    result = recommend_batched_tokens(avg)
+    assert result["level"] == "error"
+    assert result["recommended"] == _round_up(2 * avg, 8192) >= 2 * avg
+    assert str(DANGER_ZONE) in result["rule"]
+
+
+def test_recommend_batched_tokens_other_tp_is_flagged():
+    assert "TP8" in recommend_batched_tokens(16384, tp=8)["rule"]
+    assert "TP4 table" in recommend_batched_tokens(16384)["rule"]
+    assert "starting point" not in recommend_batched_tokens(16384)["rule"]
+
+
+@given(st.integers(min_value=1, max_value=200_000))
+def test_recommend_batched_tokens_never_below_two_prompts(avg):
+    result = recommend_batched_tokens(avg)
+    assert result["recommended"] >= 2 * avg
+    assert result["low"] <= result["recommended"] <= result["high"]
+    if avg <= 32768:
+        assert result["level"] in ("ok", "upper")
+    else:
+        assert result["level"] == "error"
+
+
+@pytest.mark.parametrize("args", [(0,), (-1,), ("4096",), (True,), (4096.0,), (4096, 0)])
+def test_recommend_batched_tokens_refuses(args):
+    with pytest.raises(PdError) as info:
+        recommend_batched_tokens(*args)
+    assert info.value.where == "pd_recommend_batched_tokens"
+
+
+def test_recommend_batched_tokens_twice_same_answer():
+    assert recommend_batched_tokens(28000) == recommend_batched_tokens(28000)
+
+
+# --- expected_p_concurrency -----------------------------------------------------------------------
+
+
+def test_p_concurrency_article_16k_prompt_at_8192_only_one_runs():
+    # Article §4.2: max-num-seqs 32, DP2, a 16K prompt cannot fit 8192 -> only 1 running.
+    seqs, dp, batched, avg = 32, 2, 8192, 16 * 1024
+    result = expected_p_concurrency(seqs, dp, batched, avg)
+    assert result["fit"] == batched // avg == 0
+    assert result["concurrency"] == 1
+    assert result["chunked"] is True
+    assert result["level"] == "warning"
+    assert result["limited_by"] == "max_num_batched_tokens"
+    assert "only 1" in result["message"] and str(2 * avg) in result["message"]
+
+
+def test_p_concurrency_article_16k_prompt_at_32768_two_run():
+    seqs, dp, batched, avg = 32, 2, 32768, 16 * 1024
+    result = expected_p_concurrency(seqs, dp, batched, avg)
+    assert result["concurrency"] == min(seqs * dp, batched // avg) == 2
+    assert result["fit"] == 2
+    assert result["seq_cap"] == seqs * dp == 64
+    assert result["chunked"] is False
+    assert result["level"] == "ok"
+
+
+def test_p_concurrency_one_fit_is_warning_not_chunked():
+    result = expected_p_concurrency(32, 2, 16384, 16384)
+    assert (result["concurrency"], result["fit"], result["chunked"], result["level"]) == (1, 1, False, "warning")
+
+
+def test_p_concurrency_limited_by_seqs():
+    seqs, dp, batched, avg = 2, 2, 65536, 1024
+    result = expected_p_concurrency(seqs, dp, batched, avg)
+    assert result["concurrency"] == seqs * dp
+    assert result["limited_by"] == "max_num_seqs"
+
+
+@pytest.mark.parametrize(
+    "args, field",
+    [
+        ((0, 2, 8192, 16384), "max_num_seqs"),
+        ((32, 0, 8192, 16384), "dp"),
+        ((32, 2, 0, 16384), "max_num_batched_tokens"),
+        ((32, 2, 8192, 0), "avg_prompt_tokens"),
+        (("32", 2, 8192, 16384), "max_num_seqs"),
+        ((32, 2, 8192.0, 16384), "max_num_batched_tokens"),
+    ],
+)
+def test_p_concurrency_refuses(args, field):
+    with pytest.raises(PdError) as info:
+        expected_p_concurrency(*args)
+    assert (info.value.where, info.value.field) == ("pd_expected_p_concurrency", field)
+
+
+def test_p_concurrency_twice_same_answer():
+    assert expected_p_concurrency(32, 2, 32768, 16384) == expected_p_concurrency(32, 2, 32768, 16384)
+
+
+# --- recommend_max_num_seqs -----------------------------------------------------------------------
+
+
+def test_recommend_max_num_seqs_from_budget():
+    per_group = kv_budget("64GiB", 8, 0.85, 0.6, 2)["per_dp_group_bytes"]
+    tokens = kv_tokens(per_group, 13727)
+    longest = 32768
+    assert recommend_max_num_seqs(tokens, longest) == tokens // longest
+    assert recommend_max_num_seqs(tokens, longest) >= capacity.START_MAX_NUM_SEQS
+
+
+def test_recommend_max_num_seqs_at_least_one():
+    assert recommend_max_num_seqs(100, 32768) == 1
+    assert recommend_max_num_seqs(0, 32768) == 1
+
+
+@pytest.mark.parametrize(
+    "args, field",
+    [
+        ((1000, 0), "longest_prompt_tokens"),
+        ((1000, "32768"), "longest_prompt_tokens"),
+        ((-1, 32768), "kv_tokens_per_dp_group"),
+        ((1000.5, 32768), "kv_tokens_per_dp_group"),
+    ],
+)
+def test_recommend_max_num_seqs_refuses(args, field):
+    with pytest.raises(PdError) as info:
+        recommend_max_num_seqs(*args)
+    assert (info.value.where, info.value.field) == ("pd_recommend_max_num_seqs", field)
+
+
+def test_recommend_max_num_seqs_twice_same_answer():
+    assert recommend_max_num_seqs(10_000_000, 32768) == recommend_max_num_seqs(10_000_000, 32768)
+
+
+# --- retention_interval ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("block", [32, 128, 16, 1])
+def test_retention_interval(block):
+    assert retention_interval(block) == 128 * block
+    assert retention_interval(block) % block == 0
+
+
+def test_retention_interval_article_values():
+    assert retention_interval(32) == 32 * 128 == 4096
+    assert retention_interval(128) == 128 * 128 == 16384
+
+
+@pytest.mark.parametrize("bad", [0, -32, "32", True, 32.0, None])
+def test_retention_interval_refuses(bad):
+    with pytest.raises(PdError) as info:
+        retention_interval(bad)
+    assert (info.value.where, info.value.field) == ("pd_retention_interval", "block_size")
+
+
+def test_retention_interval_twice_same_answer():
+    assert retention_interval(32) == retention_interval(32)
+
+
+# --- d_batched_tokens -----------------------------------------------------------------------------
+
+
+def test_d_batched_tokens():
+    seqs, spec = 48, 2
+    assert d_batched_tokens(seqs, spec) == seqs * (1 + spec) == 144  # the article's D value
+    assert d_batched_tokens(seqs) == seqs
+
+
+@pytest.mark.parametrize(
+    "args, field",
+    [((0,), "max_num_seqs"), ((48, -1), "num_speculative_tokens"), ((48, "1"), "num_speculative_tokens")],
+)
+def test_d_batched_tokens_refuses(args, field):
+    with pytest.raises(PdError) as info:
+        d_batched_tokens(*args)
+    assert (info.value.where, info.value.field) == ("pd_d_batched_tokens", field)
+
+
+def test_d_batched_tokens_twice_same_answer():
+    assert d_batched_tokens(48, 2) == d_batched_tokens(48, 2)
+
+
+# --- registration ---------------------------------------------------------------------------------
+
+
+def test_filters_map_pd_names_to_module_functions():
+    expected = {
+        "pd_kv_budget",
+        "pd_kv_tokens",
+        "pd_batched_tokens_level",
+        "pd_recommend_batched_tokens",
+        "pd_expected_p_concurrency",
+        "pd_recommend_max_num_seqs",
+        "pd_retention_interval",
+        "pd_d_batched_tokens",
+    }
+    assert set(capacity.FILTERS) == expected
+    for name, function in capacity.FILTERS.items():
+        assert name == "pd_" + function.__name__
+        assert getattr(capacity, function.__name__) is function
+        assert function.__doc__
+
+
+def test_filters_through_jinja():
+    env = NativeEnvironment()
+    env.filters.update(capacity.FILTERS)
+    budget = env.from_string("{{ '64GiB' | pd_kv_budget(8, 0.85, 0.6, 2) }}").render()
+    assert budget == kv_budget("64GiB", 8, 0.85, 0.6, 2)
+    assert env.from_string("{{ 32 | pd_retention_interval }}").render() == 4096
+    assert env.from_string("{{ 16384 | pd_recommend_batched_tokens }}").render()["recommended"] == 32768
+    with pytest.raises(PdError):
+        env.from_string("{{ 0 | pd_retention_interval }}").render()
