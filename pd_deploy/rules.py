@@ -1,0 +1,910 @@
+"""Cross-field rules of one cluster (DOMAIN.md §3-§4): every violation, all at once.
+
+``check_cluster(cluster, topo)`` runs each rule of ``RULES`` in order on the normalized cluster and
+its topology (docs/design.md) and returns the concatenated violations, each
+``{level, where, field, message, fix}``. A rule never raises for a bad value: it reports it. Only
+inputs of the wrong shape (not the normalized structures at all) raise ``PdError``.
+
+Each rule is one small function ``rule(ctx) -> list`` where ``ctx`` is built once per call by
+``_context`` (the cluster, its topology, the version row or the reason there is none, the rendered
+connector configs). Nothing is kept between calls.
+"""
+
+import json
+
+from pd_deploy import capacity, connectors, model, sizes, versions
+from pd_deploy.errors import PdError
+
+ROLES = ("prefill", "decode")
+GIB = 1024 ** 3
+#: RAM kept free beside pinned offload when neither the caller nor the host record says otherwise
+#: (system, the engines' own processes, page cache). The article asks >= 512 GB of RAM for 200 GB
+#: of offload; pd_deploy/data/defaults.yml gives hosts 128GiB, which the host record carries.
+DEFAULT_RAM_RESERVE_BYTES = 64 * GIB
+#: gpu_memory_utilization: 0.85 production, 0.90 benchmark ceiling, never >= 0.95 (DOMAIN.md §4).
+GMU_PRODUCTION = 0.85
+GMU_WARN = 0.90
+GMU_ERROR = 0.95
+#: Mooncake's AscendDirectTransport picks random ports in [20000, 20000 + NPUs x 1000) (vllm-ascend
+#: pd_disaggregation_mooncake_multi_node.md: 8 NPUs -> kv_port >= 28000, 16 NPUs -> >= 36000).
+MOONCAKE_TRANSPORT_BASE = 20000
+MOONCAKE_TRANSPORT_PER_NPU = 1000
+_V4_FAMILY_PREFIX = "deepseek_v4"
+
+
+# ---------------------------------------------------------------------------------------------
+# helpers
+
+
+def _v(level, where, field, message, fix):
+    """One violation dict (docs/design.md "Violations")."""
+    return {"level": level, "where": where, "field": field, "message": message, "fix": fix}
+
+
+def _where(ctx, role=None, instance=None, host=None):
+    """``<cluster>/<role>[/instance i][@host]``."""
+    text = ctx["name"]
+    if role:
+        text += f"/{role}"
+    if instance is not None:
+        text += f"/instance {instance}"
+    if host:
+        text += f"@{host}"
+    return text
+
+
+def _is_int(value):
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value):
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _dedupe(items):
+    """Drop repeated violations (ranks of one instance on one host report once)."""
+    out = []
+    for item in items:
+        if item not in out:
+            out.append(item)
+    return out
+
+
+def _mooncake_on(ctx):
+    return any(ctx["roles"][r].get("mooncake") is True for r in ROLES)
+
+
+def _instances(ctx, role=None):
+    return [i for i in ctx["topo"]["instances"] if role is None or i.get("role") == role]
+
+
+def _role_hosts(ctx, role):
+    return [h for h in ctx["topo"]["hosts"].values() if h.get("role") == role]
+
+
+def _overlap(a_lo, a_hi, b_lo, b_hi):
+    """Half-open ranges [lo, hi) overlap."""
+    return a_lo < b_hi and b_lo < a_hi
+
+
+# ---------------------------------------------------------------------------------------------
+# input shape (raises: these are programming errors, not operator values)
+
+_CLUSTER_KEYS = ("name", "vllm_ascend_version", "model", "workload", "mooncake_connector", "proxy", "roles")
+_ROLE_KEYS = ("instances", "dp", "tp", "port_base", "kv_port", "dp_rpc_port", "mooncake",
+              "offload_connector", "cpu_offload_bytes", "recompute_scheduler", "shm_size_bytes", "engine")
+
+
+def _check_inputs(cluster, topo, specs, ram_reserve_bytes):
+    where = "pd_check_cluster"
+    if not isinstance(cluster, dict):
+        raise PdError(where, "cluster", f"expected the normalized cluster dict, got {type(cluster).__name__}",
+                      "pass the result of pd_deploy.model.normalize()")
+    if not isinstance(topo, dict):
+        raise PdError(where, "topo", f"expected the topology dict, got {type(topo).__name__}",
+                      "pass the topology of pd_deploy.model.topology()")
+    missing = [k for k in _CLUSTER_KEYS if k not in cluster]
+    if missing:
+        raise PdError(where, "cluster", f"missing key(s) {', '.join(missing)}",
+                      "pass the normalized cluster (docs/design.md), not the raw pd_cluster")
+    roles = cluster["roles"]
+    if not isinstance(roles, dict) or any(not isinstance(roles.get(r), dict) for r in ROLES):
+        raise PdError(where, "cluster.roles", "needs a 'prefill' and a 'decode' mapping",
+                      "pass the normalized cluster (docs/design.md)")
+    for role in ROLES:
+        missing = [k for k in _ROLE_KEYS if k not in roles[role]]
+        if missing:
+            raise PdError(where, f"cluster.roles.{role}", f"missing key(s) {', '.join(missing)}",
+                          "pass the normalized cluster (docs/design.md)")
+        if not isinstance(roles[role]["engine"], dict):
+            raise PdError(where, f"cluster.roles.{role}.engine", "is not a mapping",
+                          "pass the normalized cluster (docs/design.md)")
+    for key in ("model", "workload", "proxy"):
+        if not isinstance(cluster[key], dict):
+            raise PdError(where, f"cluster.{key}", "is not a mapping", "pass the normalized cluster (docs/design.md)")
+    if not isinstance(topo.get("instances"), list) or not isinstance(topo.get("hosts"), dict):
+        raise PdError(where, "topo", "needs 'instances' (list) and 'hosts' (mapping)",
+                      "pass the topology of pd_deploy.model.topology()")
+    if specs is not None and (not isinstance(specs, list) or any(not isinstance(s, dict) for s in specs)):
+        raise PdError(where, "specs", "is not a list of launch spec dicts",
+                      "pass the rank specs of pd_deploy.model.rank_spec(), or nothing")
+    if ram_reserve_bytes is not None and (not _is_int(ram_reserve_bytes) or ram_reserve_bytes < 0):
+        raise PdError(where, "ram_reserve_bytes", f"{ram_reserve_bytes!r} is not a whole number of bytes >= 0",
+                      "pass bytes (e.g. 68719476736 for 64GiB) or leave it unset")
+
+
+# ---------------------------------------------------------------------------------------------
+# rendered connector configs (what the engines will really get)
+
+
+def _command_json(command, flag):
+    """The JSON value following ``flag`` in an argv list; None when absent. Raises ValueError."""
+    if not isinstance(command, list) or flag not in command:
+        return None
+    index = command.index(flag)
+    if index + 1 >= len(command):
+        raise ValueError(f"{flag} has no value")
+    return json.loads(command[index + 1])
+
+
+def _find_instance(ctx, role, index):
+    for inst in _instances(ctx, role):
+        if inst.get("index") == index:
+            return inst
+    return None
+
+
+def _rendered(ctx):
+    """Return ``(items, problems)``; items are ``(where, role, instance, kv_transfer_config)``.
+
+    With launch specs the configs are read back from each rank's argv (exactly what will run);
+    without, each instance is rendered with ``connectors.kv_transfer_config``. A config that cannot
+    be rendered or parsed becomes a problem violation.
+    """
+    items, problems = [], []
+    row = ctx["row"]
+    if ctx["specs"] is not None:
+        for spec in ctx["specs"]:
+            role = spec.get("role")
+            if role not in ROLES:
+                continue
+            inst = _find_instance(ctx, role, spec.get("instance"))
+            where = _where(ctx, role, spec.get("instance"), spec.get("host"))
+            if inst is None:
+                problems.append(_v("error", where, f"{role}.instances",
+                                   f"launch spec {spec.get('name')!r} names an instance the topology lacks",
+                                   "render the launch specs from this topology"))
+                continue
+            try:
+                items.append((where, role, inst, _command_json(spec.get("command"), "--kv-transfer-config")))
+            except ValueError as exc:
+                problems.append(_v("error", where, f"{role}.kv_transfer_config",
+                                   f"the rendered --kv-transfer-config is not valid JSON ({exc})",
+                                   "render it with pd_deploy.connectors.kv_transfer_config"))
+        return items, problems
+    if row is None:
+        return items, problems
+    for inst in _instances(ctx):
+        role = inst.get("role")
+        if role not in ROLES:
+            continue
+        rcfg = ctx["roles"][role]
+        where = _where(ctx, role, inst.get("index"))
+        per_container = None
+        ranks = inst.get("ranks") or []
+        host = ctx["topo"]["hosts"].get(ranks[0].get("host")) if ranks else None
+        try:
+            per_container = model.offload_bytes(ctx["cluster"], role, host)[0] if host is not None else None
+        except PdError:
+            pass  # the split is reported by rule_shm_vs_pinned
+        if per_container is None and rcfg.get("offload_connector") != "none":
+            # bytes missing or not splittable (reported by rule_offload_bytes / rule_shm_vs_pinned):
+            # render with a stand-in so the connector shape is still checked
+            per_container = 1
+        try:
+            items.append((where, role, inst,
+                          connectors.kv_transfer_config(rcfg, ctx["cluster"], inst, row, per_container)))
+        except PdError as exc:
+            problems.append(_v("error", where, exc.field, exc.problem, exc.fix or "see the field's documentation"))
+    return items, problems
+
+
+def _is_mooncake(ctx, child):
+    """A Mooncake child: the configured name, a name the row knows, or any Mooncake* connector."""
+    name = str(child.get("kv_connector", ""))
+    known = ctx["row"]["mooncake_connectors"] if ctx["row"] else []
+    return name == ctx["cluster"]["mooncake_connector"] or name in known or name.startswith("Mooncake")
+
+
+def _children(config):
+    if not isinstance(config, dict):
+        return []
+    if config.get("kv_connector") == "MultiConnector":
+        kids = (config.get("kv_connector_extra_config") or {}).get("connectors") or []
+        return [c for c in kids if isinstance(c, dict)]
+    return [config]
+
+
+def _context(cluster, topo, specs, ram_reserve_bytes):
+    ctx = {"cluster": cluster, "topo": topo, "specs": specs, "name": cluster["name"],
+           "roles": cluster["roles"], "ram_reserve_bytes": ram_reserve_bytes, "row": None, "row_error": None}
+    try:
+        ctx["row"] = versions.version_row(cluster["vllm_ascend_version"])
+    except PdError as exc:
+        ctx["row_error"] = exc
+    ctx["rendered"], ctx["render_problems"] = _rendered(ctx)
+    return ctx
+
+
+# ---------------------------------------------------------------------------------------------
+# rules (each returns a list of violations)
+
+
+def rule_version_known(ctx):
+    """vllm_ascend_version must map to a row of pd_deploy/data/versions.yml."""
+    exc = ctx["row_error"]
+    if exc is None:
+        return []
+    return [_v("error", ctx["name"], "vllm_ascend_version", exc.problem, exc.fix)]
+
+
+def rule_engine_types(ctx):
+    """Engine numbers the other rules compare must be numbers (they are skipped otherwise)."""
+    out = []
+    ints = ("max_num_seqs", "max_num_batched_tokens", "max_model_len", "block_size",
+            "max_num_partial_prefills", "max_long_partial_prefills")
+    for role in ROLES:
+        engine = ctx["roles"][role]["engine"]
+        for key in ints:
+            if key in engine and (not _is_int(engine[key]) or engine[key] < 1):
+                out.append(_v("error", _where(ctx, role), f"{role}.engine.{key}",
+                              f"{engine[key]!r} is not a whole number >= 1",
+                              f"set {role}.engine.{key} to a whole number"))
+        gmu = engine.get("gpu_memory_utilization")
+        if not _is_number(gmu):
+            out.append(_v("error", _where(ctx, role), f"{role}.engine.gpu_memory_utilization",
+                          f"{gmu!r} is not a number", f"set gpu_memory_utilization: {GMU_PRODUCTION} (production)"))
+    for key in ("avg_prompt_tokens", "p99_prompt_tokens", "p99_output_tokens"):
+        value = ctx["cluster"]["workload"].get(key)
+        if not _is_int(value) or value < 1:
+            out.append(_v("error", ctx["name"], f"workload.{key}", f"{value!r} is not a whole number >= 1",
+                          f"set workload.{key} to the measured token count"))
+    return out
+
+
+def rule_mooncake_connector_name(ctx):
+    """The Mooncake connector name must be one the version registers (MooncakeConnectorV1, ...)."""
+    row = ctx["row"]
+    name = ctx["cluster"]["mooncake_connector"]
+    if row is None or not _mooncake_on(ctx) or name in row["mooncake_connectors"]:
+        return []
+    return [_v("error", ctx["name"], "mooncake_connector",
+               f"{name!r} is not a Mooncake connector of vllm-ascend {row['line']}",
+               f"set mooncake_connector to one of: {', '.join(row['mooncake_connectors'])}")]
+
+
+def rule_mooncake_both_sides(ctx):
+    """P sends KV to D over Mooncake: both roles use it or neither does."""
+    flags = {r: ctx["roles"][r].get("mooncake") for r in ROLES}
+    if flags["prefill"] == flags["decode"]:
+        return []
+    off = [r for r in ROLES if flags[r] is not True][0]
+    return [_v("error", _where(ctx, off), f"{off}.mooncake",
+               f"Mooncake is on for {'decode' if off == 'prefill' else 'prefill'} but off for {off}: "
+               "KV cannot travel from P to D",
+               f"set {off}.mooncake: true")]
+
+
+def rule_recompute_scheduler_placement(ctx):
+    """recompute_scheduler_enable only on D, and D needs a kv_consumer transfer config for it."""
+    out = []
+    if ctx["roles"]["prefill"].get("recompute_scheduler") is True:
+        out.append(_v("error", _where(ctx, "prefill"), "prefill.recompute_scheduler",
+                      "recompute_scheduler_enable is for decode nodes only; vllm-ascend refuses to start with it "
+                      "on kv_both / PD-mixed nodes and ignores it on kv_producer nodes",
+                      "set prefill.recompute_scheduler: false (keep it on decode)"))
+    dec = ctx["roles"]["decode"]
+    if dec.get("recompute_scheduler") is True and dec.get("mooncake") is not True and \
+            dec.get("offload_connector") != "RecomputeCPUOffloadConnector":
+        out.append(_v("error", _where(ctx, "decode"), "decode.recompute_scheduler",
+                      "the recompute scheduler needs a kv_consumer --kv-transfer-config, and decode has no connector "
+                      "(vllm-ascend raises ValueError)",
+                      "set decode.mooncake: true, or decode.recompute_scheduler: false"))
+    return out
+
+
+def rule_recompute_connector_placement(ctx):
+    """RecomputeCPUOffloadConnector: kv_role kv_consumer, decode only."""
+    if ctx["roles"]["prefill"].get("offload_connector") != "RecomputeCPUOffloadConnector":
+        return []
+    return [_v("error", _where(ctx, "prefill"), "prefill.offload_connector",
+               "RecomputeCPUOffloadConnector runs as kv_consumer and only protects preempted decode requests",
+               "use offload_connector: OffloadingConnector on prefill "
+               "(RecomputeCPUOffloadConnector belongs on decode)")]
+
+
+def rule_offloading_connector_placement(ctx):
+    """OffloadingConnector: kv_role kv_both, prefill only (prefix paging)."""
+    if ctx["roles"]["decode"].get("offload_connector") != "OffloadingConnector":
+        return []
+    return [_v("error", _where(ctx, "decode"), "decode.offload_connector",
+               "OffloadingConnector (kv_both, prefix paging) belongs on prefill; decode KV only grows until "
+               "a request ends",
+               "use offload_connector: RecomputeCPUOffloadConnector on decode, or none")]
+
+
+def rule_offload_bytes(ctx):
+    """An offload connector needs bytes; bytes need a connector; Recompute needs its scheduler."""
+    out = []
+    for role in ROLES:
+        rcfg = ctx["roles"][role]
+        kind, total = rcfg.get("offload_connector"), rcfg.get("cpu_offload_bytes")
+        if kind not in connectors.OFFLOAD_CONNECTORS:
+            out.append(_v("error", _where(ctx, role), f"{role}.offload_connector",
+                          f"{kind!r} is not a known offload connector",
+                          f"use one of: {', '.join(connectors.OFFLOAD_CONNECTORS)}"))
+            continue
+        if not _is_int(total) or total < 0:
+            out.append(_v("error", _where(ctx, role), f"{role}.cpu_offload",
+                          f"{total!r} is not a size", f"set {role}.cpu_offload to a size such as 200GiB, or 0"))
+            continue
+        if kind != "none" and total == 0:
+            out.append(_v("error", _where(ctx, role), f"{role}.cpu_offload",
+                          f"{kind} is on but cpu_offload is 0",
+                          f"set {role}.cpu_offload (e.g. 200GiB per host) or offload_connector: none"))
+        if kind == "none" and total > 0:
+            out.append(_v("warning", _where(ctx, role), f"{role}.cpu_offload",
+                          f"cpu_offload is {sizes.to_human(total)} but offload_connector is none: nothing uses it",
+                          f"set {role}.offload_connector, or cpu_offload: 0"))
+        if kind == "RecomputeCPUOffloadConnector" and rcfg.get("recompute_scheduler") is not True:
+            out.append(_v("warning", _where(ctx, role), f"{role}.recompute_scheduler",
+                          "RecomputeCPUOffloadConnector only keeps the KV of requests the recompute scheduler preempts",
+                          f"set {role}.recompute_scheduler: true"))
+    return out
+
+
+def rule_gpu_memory_utilization(ctx):
+    """gpu_memory_utilization in (0, 1]; >= 0.95 error; >= 0.90 warning (0.85 production)."""
+    out = []
+    for role in ROLES:
+        gmu = ctx["roles"][role]["engine"].get("gpu_memory_utilization")
+        if not _is_number(gmu):
+            continue  # rule_engine_types
+        field = f"{role}.engine.gpu_memory_utilization"
+        fix = f"set gpu_memory_utilization: {GMU_PRODUCTION} (production)"
+        if not 0 < gmu <= 1:
+            out.append(_v("error", _where(ctx, role), field, f"{gmu} is outside (0, 1]", fix))
+        elif gmu >= GMU_ERROR:
+            out.append(_v("error", _where(ctx, role), field,
+                          f"{gmu} >= {GMU_ERROR}: no headroom for activation spikes (OOM)", fix))
+        elif gmu >= GMU_WARN:
+            out.append(_v("warning", _where(ctx, role), field,
+                          f"{gmu} >= {GMU_WARN}: the benchmark ceiling, tight for production", fix))
+    return out
+
+
+def rule_batched_tokens_vs_prompt(ctx):
+    """Prefill max_num_batched_tokens >= 2 x average prompt (two prompts prefill per step)."""
+    engine = ctx["roles"]["prefill"]["engine"]
+    value, avg = engine.get("max_num_batched_tokens"), ctx["cluster"]["workload"].get("avg_prompt_tokens")
+    if not (_is_int(value) and _is_int(avg)) or value < 1 or avg < 1 or value >= 2 * avg:
+        return []
+    rec = capacity.recommend_batched_tokens(avg, tp=ctx["roles"]["prefill"]["tp"]
+                                            if _is_int(ctx["roles"]["prefill"]["tp"]) else 4)
+    return [_v("warning", _where(ctx, "prefill"), "prefill.engine.max_num_batched_tokens",
+               f"{value} < 2 x average prompt ({2 * avg}): fewer than two prompts prefill per step "
+               "(symptom: 'max-num-seqs=32 but only 1 request running')",
+               f"set max_num_batched_tokens: {rec['recommended']} ({rec['rule']})")]
+
+
+def rule_batched_tokens_danger(ctx):
+    """max_num_batched_tokens > 65536 at TP <= 4 on 910B3: activation memory OOM (error)."""
+    out = []
+    for role in ROLES:
+        rcfg = ctx["roles"][role]
+        value, tp = rcfg["engine"].get("max_num_batched_tokens"), rcfg["tp"]
+        if _is_int(value) and _is_int(tp) and tp <= 4 and value > capacity.DANGER_ZONE:
+            out.append(_v("error", _where(ctx, role), f"{role}.engine.max_num_batched_tokens",
+                          f"{value} > {capacity.DANGER_ZONE} at TP{tp}: the article's danger zone on 910B3 "
+                          "(activation memory OOM)",
+                          f"set max_num_batched_tokens: {capacity.SWEET_SPOT} (sweet spot) or at most "
+                          f"{capacity.UPPER_BOUND} (upper bound)"))
+    return out
+
+
+def rule_retention_interval(ctx):
+    """prefix_cache_retention_interval: a non-negative multiple of block_size, ideally 128 x block."""
+    out = []
+    for role in ROLES:
+        engine = ctx["roles"][role]["engine"]
+        interval, block = engine.get("prefix_cache_retention_interval"), engine.get("block_size")
+        if interval is None or not _is_int(block) or block < 1:
+            continue
+        field = f"{role}.engine.prefix_cache_retention_interval"
+        want = capacity.RETENTION_BLOCKS * block
+        if not _is_int(interval) or interval < 0 or interval % block:
+            out.append(_v("error", _where(ctx, role), field,
+                          f"{interval!r} is not a non-negative multiple of block_size {block}",
+                          f"set prefix_cache_retention_interval: {want} (128 x block_size)"))
+        elif interval != want:
+            out.append(_v("warning", _where(ctx, role), field,
+                          f"{interval} != 128 x block_size ({want})",
+                          f"set prefix_cache_retention_interval: {want} (block 32 -> 4096, 128 -> 16384)"))
+    return out
+
+
+def rule_hybrid_kv_manager(ctx):
+    """--disable-hybrid-kv-cache-manager breaks DeepSeek-V4 KV compression (error)."""
+    family = str(ctx["cluster"]["model"].get("family") or "")
+    if not family.startswith(_V4_FAMILY_PREFIX):
+        return []
+    out = []
+    for role in ROLES:
+        engine = ctx["roles"][role]["engine"]
+        extra = [str(a) for a in (engine.get("extra_args") or [])]
+        via = None
+        if engine.get("disable_hybrid_kv_cache_manager") is True:
+            via = "disable_hybrid_kv_cache_manager"
+        elif "--disable-hybrid-kv-cache-manager" in extra:
+            via = "extra_args"
+        if via:
+            out.append(_v("error", _where(ctx, role), f"{role}.engine.{via}",
+                          f"the hybrid KV cache manager is disabled for {family}: KV compression stops and KV "
+                          "grows many times",
+                          "set disable_hybrid_kv_cache_manager: false and drop --disable-hybrid-kv-cache-manager "
+                          "(--no-disable-hybrid-kv-cache-manager must stay)"))
+    return out
+
+
+def _real_parallel(ctx, side):
+    """Distinct {"dp_size", "tp_size"} of the topology's instances of ``side``."""
+    seen = []
+    for inst in _instances(ctx, side):
+        item = {"dp_size": inst.get("dp"), "tp_size": inst.get("tp")}
+        if item not in seen:
+            seen.append(item)
+    return seen
+
+
+def _check_mooncake_child(ctx, where, role, inst, child):
+    out = []
+    field = f"{role}.kv_transfer_config.{child.get('kv_connector')}"
+    if child.get("kv_role") != connectors.ROLE_KV[role]:
+        out.append(_v("error", where, f"{field}.kv_role",
+                      f"kv_role {child.get('kv_role')!r} on {role}", f"render kv_role {connectors.ROLE_KV[role]!r}"))
+    if str(child.get("kv_port")) != str(inst.get("kv_port")):
+        out.append(_v("error", where, f"{field}.kv_port",
+                      f"kv_port {child.get('kv_port')!r} differs from the instance's {inst.get('kv_port')}",
+                      "render kv_port from the topology instance"))
+    extra = child.get("kv_connector_extra_config") or {}
+    for side in ROLES:
+        real = _real_parallel(ctx, side)
+        got = extra.get(side)
+        if not isinstance(got, dict) or "dp_size" not in got or "tp_size" not in got:
+            out.append(_v("error", where, f"{field}.{side}",
+                          f"Mooncake needs {side} dp_size and tp_size, got {got!r}",
+                          f"render {side}: {real[0] if real else {'dp_size': '..', 'tp_size': '..'}}"))
+            continue
+        got = {"dp_size": got["dp_size"], "tp_size": got["tp_size"]}
+        if real and (len(real) > 1 or got != real[0]):
+            out.append(_v("error", where, f"{field}.{side}",
+                          f"{side} {got} does not match the real {side} topology "
+                          f"{' / '.join(str(r) for r in real)}",
+                          f"render {side} dp_size/tp_size from the {side} role (one DP x TP shape per role)"))
+    return out
+
+
+def _check_offload_child(ctx, where, role, child):
+    out = []
+    kind = child.get("kv_connector")
+    field = f"{role}.kv_transfer_config.{kind}"
+    if kind == "RecomputeCPUOffloadConnector" and child.get("kv_role") != "kv_consumer":
+        out.append(_v("error", where, f"{field}.kv_role", f"kv_role {child.get('kv_role')!r}, must be kv_consumer",
+                      "render RecomputeCPUOffloadConnector with kv_role kv_consumer"))
+    if kind == "OffloadingConnector":
+        if child.get("kv_role") != "kv_both":
+            out.append(_v("error", where, f"{field}.kv_role", f"kv_role {child.get('kv_role')!r}, must be kv_both",
+                          "render OffloadingConnector with kv_role kv_both"))
+        row = ctx["row"]
+        extra = child.get("kv_connector_extra_config") or {}
+        if row is not None and extra.get("spec_module_path") != row["offloading_spec_module_path"]:
+            out.append(_v("error", where, f"{field}.spec_module_path",
+                          f"{extra.get('spec_module_path')!r} is not where vllm-ascend {row['line']} keeps "
+                          "NPUOffloadingSpec",
+                          f"render spec_module_path {row['offloading_spec_module_path']!r} (versions.yml)"))
+    return out
+
+
+def rule_rendered_kv_transfer_config(ctx):
+    """The rendered --kv-transfer-config of every instance matches the real topology and roles.
+
+    Mooncake prefill/decode dp_size/tp_size must equal the real P and D topology, kv_role follow
+    the role, kv_port and engine_id the instance; offload children keep their kv_role and the
+    row's spec module. The builders derive these from the same data, so this catches a future bug
+    or a hand-edited spec.
+    """
+    out = list(ctx["render_problems"])
+    for where, role, inst, config in ctx["rendered"]:
+        rcfg = ctx["roles"][role]
+        kids = _children(config)
+        moon = [c for c in kids if _is_mooncake(ctx, c)]
+        if rcfg.get("mooncake") is True and not moon:
+            out.append(_v("error", where, f"{role}.kv_transfer_config",
+                          "mooncake is on but the rendered --kv-transfer-config has no Mooncake connector",
+                          "render it with pd_deploy.connectors.kv_transfer_config"))
+        if rcfg.get("mooncake") is not True and moon:
+            out.append(_v("error", where, f"{role}.kv_transfer_config",
+                          "mooncake is off but the rendered --kv-transfer-config has a Mooncake connector",
+                          f"set {role}.mooncake: true or drop the connector"))
+        if isinstance(config, dict) and config.get("engine_id") != inst.get("engine_id"):
+            out.append(_v("error", where, f"{role}.kv_transfer_config.engine_id",
+                          f"engine_id {config.get('engine_id')!r} differs from the instance's "
+                          f"{inst.get('engine_id')!r}",
+                          "render engine_id from the topology instance"))
+        for child in moon:
+            out.extend(_check_mooncake_child(ctx, where, role, inst, child))
+        for child in kids:
+            out.extend(_check_offload_child(ctx, where, role, child))
+    return _dedupe(out)
+
+
+def rule_prefill_tp_ge_decode_tp(ctx):
+    """Mooncake: prefill tp_size >= decode tp_size."""
+    p_tp, d_tp = ctx["roles"]["prefill"]["tp"], ctx["roles"]["decode"]["tp"]
+    if not _mooncake_on(ctx) or not (_is_int(p_tp) and _is_int(d_tp)) or p_tp >= d_tp:
+        return []
+    return [_v("error", _where(ctx, "prefill"), "prefill.tp",
+               f"prefill tp {p_tp} < decode tp {d_tp}: Mooncake needs prefill tp_size >= decode tp_size",
+               f"raise prefill.tp to {d_tp} or more, or lower decode.tp to {p_tp}")]
+
+
+def rule_block_sizes_divide(ctx):
+    """Mooncake: P and D block sizes must divide each other."""
+    p_bs = ctx["roles"]["prefill"]["engine"].get("block_size")
+    d_bs = ctx["roles"]["decode"]["engine"].get("block_size")
+    if not _mooncake_on(ctx) or not (_is_int(p_bs) and _is_int(d_bs)) or p_bs < 1 or d_bs < 1:
+        return []
+    if p_bs % d_bs == 0 or d_bs % p_bs == 0:
+        return []
+    return [_v("error", _where(ctx, "decode"), "decode.engine.block_size",
+               f"prefill block_size {p_bs} and decode block_size {d_bs} do not divide each other",
+               f"use the same block_size on both roles (e.g. {p_bs})")]
+
+
+def rule_unique_engine_id(ctx):
+    """engine_id unique per instance."""
+    out, seen = [], {}
+    for inst in _instances(ctx):
+        key = inst.get("engine_id")
+        label = f"{inst.get('role')} instance {inst.get('index')}"
+        if key in seen:
+            out.append(_v("error", _where(ctx, inst.get("role"), inst.get("index")), f"{inst.get('role')}.engine_id",
+                          f"engine_id {key!r} is also used by {seen[key]}",
+                          "give every instance its own engine_id (prefill 0..nP-1, decode from nP)"))
+        else:
+            seen[key] = label
+    return out
+
+
+def _kv_claims(ctx):
+    """(address, lo, hi, role, index, host) of each Mooncake instance on each address it runs on."""
+    claims = []
+    for inst in _instances(ctx):
+        role = inst.get("role")
+        if role not in ROLES or ctx["roles"][role].get("mooncake") is not True:
+            continue
+        port, dp, tp = inst.get("kv_port"), inst.get("dp"), inst.get("tp")
+        if not (_is_int(port) and _is_int(dp) and _is_int(tp)):
+            continue
+        hosts = {}
+        for rank in inst.get("ranks") or []:
+            hosts.setdefault(rank.get("address"), rank.get("host"))
+        for address, host in hosts.items():
+            claims.append((address, port, port + dp * tp, role, inst.get("index"), host))
+    return claims
+
+
+def rule_kv_port_ranges(ctx):
+    """kv_port .. kv_port + dp x tp of instances on one host address must not overlap."""
+    out = []
+    claims = _kv_claims(ctx)
+    for i, (addr, lo, hi, role, index, host) in enumerate(claims):
+        for o_addr, o_lo, o_hi, o_role, o_index, _ in claims[:i]:
+            if addr == o_addr and _overlap(lo, hi, o_lo, o_hi) and (role, index) != (o_role, o_index):
+                out.append(_v("error", _where(ctx, role, index, host), f"{role}.kv_port",
+                              f"kv ports {lo}..{hi - 1} overlap {o_role} instance {o_index}'s {o_lo}..{o_hi - 1} "
+                              f"on {addr}",
+                              f"move {role}.kv_port to {o_hi} or above (each instance takes dp x tp ports)"))
+    return out
+
+
+def rule_kv_port_reserved(ctx):
+    """kv ports must avoid Mooncake's transport range [20000, 20000 + NPUs x 1000) of the host."""
+    out = []
+    hosts = {h.get("address"): h for h in ctx["topo"]["hosts"].values()}
+    for addr, lo, hi, role, index, host in _kv_claims(ctx):
+        npus = (ctx["topo"]["hosts"].get(host) or hosts.get(addr) or {}).get("npus")
+        if not _is_int(npus):
+            continue
+        end = MOONCAKE_TRANSPORT_BASE + npus * MOONCAKE_TRANSPORT_PER_NPU
+        if _overlap(lo, hi, MOONCAKE_TRANSPORT_BASE, end):
+            out.append(_v("error", _where(ctx, role, index, host), f"{role}.kv_port",
+                          f"kv ports {lo}..{hi - 1} overlap Mooncake's transport ports "
+                          f"{MOONCAKE_TRANSPORT_BASE}..{end - 1} on a {npus}-NPU host "
+                          "('Address already in use' at random)",
+                          f"set {role}.kv_port >= {end}"))
+    return out
+
+
+def _pinned_per_host(ctx):
+    """{(role, host name): pinned bytes of one container} from specs, else the model's arithmetic."""
+    pinned, problems = {}, []
+    if ctx["specs"] is not None:
+        for spec in ctx["specs"]:
+            if spec.get("role") in ROLES and _is_int(spec.get("pinned_offload_bytes")):
+                key = (spec["role"], spec.get("host"))
+                pinned[key] = max(pinned.get(key, 0), spec["pinned_offload_bytes"])
+        return pinned, problems
+    for name, host in ctx["topo"]["hosts"].items():
+        roles = {r.get("role") for r in host.get("ranks") or []} & set(ROLES)
+        for role in sorted(roles):
+            try:
+                pinned[(role, name)] = model.offload_bytes(ctx["cluster"], role, host)[1]
+            except PdError as exc:
+                problems.append(_v("error", _where(ctx, role, host=name), f"{role}.cpu_offload",
+                                   exc.problem, exc.fix or "use a cpu_offload that divides over the host's ranks"))
+    return pinned, problems
+
+
+def _shm_fix(role, pinned):
+    gib = max(16, -(-pinned * 128 // (100 * GIB)))
+    return f"set {role}.shm_size to at least {gib}GiB (pinned x 1.28), or null (auto)"
+
+
+def rule_shm_vs_pinned(ctx):
+    """shm size (operator-set, or rendered in the spec) >= pinned offload bytes of the container."""
+    pinned, out = _pinned_per_host(ctx)
+    if ctx["specs"] is not None:
+        for spec in ctx["specs"]:
+            shm, pin = spec.get("shm_size_bytes"), spec.get("pinned_offload_bytes")
+            if spec.get("role") in ROLES and _is_int(shm) and _is_int(pin) and shm < pin:
+                role = spec["role"]
+                out.append(_v("error", _where(ctx, role, spec.get("instance"), spec.get("host")),
+                              f"{role}.shm_size",
+                              f"shm {sizes.to_human(shm)} < {sizes.to_human(pin)} of pinned offload in "
+                              f"{spec.get('name')}: the pinned allocation fails",
+                              _shm_fix(role, pin)))
+        return _dedupe(out)
+    for (role, host), pin in pinned.items():
+        shm = ctx["roles"][role].get("shm_size_bytes")
+        if _is_int(shm) and shm < pin:
+            out.append(_v("error", _where(ctx, role, host=host), f"{role}.shm_size",
+                          f"shm {sizes.to_human(shm)} < {sizes.to_human(pin)} of pinned offload per container: "
+                          "the pinned allocation fails",
+                          _shm_fix(role, pin)))
+    return out
+
+
+def rule_host_ram(ctx):
+    """Host RAM >= cpu_offload of every role on the host + reserve."""
+    out = []
+    for name, host in ctx["topo"]["hosts"].items():
+        ram = host.get("ram_bytes")
+        if not _is_int(ram):
+            continue
+        reserve = ctx["ram_reserve_bytes"]
+        if reserve is None:
+            reserve = host.get("ram_reserve_bytes")
+            reserve = reserve if _is_int(reserve) else DEFAULT_RAM_RESERVE_BYTES
+        roles = sorted({r.get("role") for r in host.get("ranks") or []} & set(ROLES))
+        offload = 0
+        for role in roles:
+            rcfg = ctx["roles"][role]
+            if rcfg.get("offload_connector") != "none" and _is_int(rcfg.get("cpu_offload_bytes")):
+                offload += rcfg["cpu_offload_bytes"]
+        if offload and ram < offload + reserve:
+            role = roles[0] if len(roles) == 1 else None
+            out.append(_v("error", _where(ctx, role, host=name), f"{role or '/'.join(roles)}.cpu_offload",
+                          f"host RAM {sizes.to_human(ram)} < {sizes.to_human(offload)} pinned offload + "
+                          f"{sizes.to_human(reserve)} reserve for the system and the engines",
+                          f"lower cpu_offload to at most {sizes.to_human(max(0, ram - reserve))} on this host, "
+                          "or use a host with more RAM (the article pairs 200 GB offload with >= 512 GB RAM)"))
+    return out
+
+
+def rule_max_model_len(ctx):
+    """max_model_len >= p99 prompt + p99 output, or the longest requests are refused."""
+    work = ctx["cluster"]["workload"]
+    prompt, output = work.get("p99_prompt_tokens"), work.get("p99_output_tokens")
+    if not (_is_int(prompt) and _is_int(output)):
+        return []
+    need = prompt + output
+    out = []
+    for role in ROLES:
+        value = ctx["roles"][role]["engine"].get("max_model_len")
+        if _is_int(value) and value < need:
+            out.append(_v("error", _where(ctx, role), f"{role}.engine.max_model_len",
+                          f"{value} < p99 prompt + p99 output ({prompt} + {output} = {need}): requests at the p99 "
+                          "are refused",
+                          f"set max_model_len: {need} (the business P99, not the model maximum)"))
+    return out
+
+
+def rule_partial_prefills(ctx):
+    """max_num/long_partial_prefills above the version's maximum (1): refused or reset to 1."""
+    row = ctx["row"]
+    if row is None:
+        return []
+    out = []
+    refuse = row["partial_prefills_over_max"] == "refuse"
+    for role in ROLES:
+        engine = ctx["roles"][role]["engine"]
+        for key, limit in (("max_num_partial_prefills", row["max_num_partial_prefills_max"]),
+                           ("max_long_partial_prefills", row["max_long_partial_prefills_max"])):
+            value = engine.get(key)
+            if not _is_int(value) or value <= limit:
+                continue
+            if refuse:
+                level = "error"
+                message = (f"{value} > {limit}: vLLM {row['vllm_version']} refuses to start "
+                           "(NotImplementedError: Concurrent Partial Prefill is not supported); vllm-ascend's "
+                           "reset to 1 never runs, so the article's head-of-line fix is unavailable here")
+            else:
+                level = "warning"
+                message = (f"{value} > {limit}: vllm-ascend {row['line']} resets it to 1 with a warning, "
+                           "so the setting is a no-op on Ascend")
+            out.append(_v(level, _where(ctx, role), f"{role}.engine.{key}", message,
+                          f"set {key}: {limit}; for short prompts stuck behind long ones lower "
+                          "long_prefill_token_threshold / max_num_batched_tokens instead"))
+    return out
+
+
+def rule_topology_fit(ctx):
+    """tp divides each host's NPUs and instances x dp ranks fit the role's hosts."""
+    out = []
+    for role in ROLES:
+        rcfg = ctx["roles"][role]
+        tp, dp, count = rcfg["tp"], rcfg["dp"], rcfg["instances"]
+        if not all(_is_int(x) and x >= 1 for x in (tp, dp, count)):
+            out.append(_v("error", _where(ctx, role), f"{role}.tp",
+                          f"instances/dp/tp {count!r}/{dp!r}/{tp!r} are not whole numbers >= 1",
+                          "set instances, dp and tp to whole numbers >= 1"))
+            continue
+        hosts = _role_hosts(ctx, role)
+        slots = 0
+        for host in hosts:
+            npus = host.get("npus")
+            if not _is_int(npus):
+                continue
+            if npus % tp:
+                out.append(_v("error", _where(ctx, role, host=host.get("name")), f"{role}.tp",
+                              f"tp {tp} does not divide the host's {npus} NPUs",
+                              "choose tp that divides pd_npus (4 or 8 on an 8-NPU host)"))
+            slots += npus // tp
+        if count * dp > slots:
+            names = ", ".join(str(h.get("name")) for h in hosts) or "none"
+            out.append(_v("error", _where(ctx, role), f"{role}.instances",
+                          f"{count} instance(s) of DP{dp} x TP{tp} need {count * dp * tp} NPUs but the {role} hosts "
+                          f"({names}) have {slots * tp} usable",
+                          f"add hosts to the '{role}' group or lower {role}.instances / dp"))
+    return out
+
+
+def _single_claims(ctx):
+    """(address, port, label, field, where) of every HTTP, DP RPC and proxy port of the cluster."""
+    claims = []
+    for inst in _instances(ctx):
+        role, index = inst.get("role"), inst.get("index")
+        for rank in inst.get("ranks") or []:
+            claims.append((rank.get("address"), rank.get("port"), f"{rank.get('container')} http",
+                           f"{role}.port_base", _where(ctx, role, index, rank.get("host"))))
+        if inst.get("dp_address") is not None:
+            claims.append((inst.get("dp_address"), inst.get("dp_rpc_port"), f"{role} instance {index} dp rpc",
+                           f"{role}.dp_rpc_port", _where(ctx, role, index)))
+    proxy = ctx["cluster"]["proxy"]
+    host_name = proxy.get("host") or next(
+        (n for n, h in ctx["topo"]["hosts"].items() if h.get("role") == "prefill"), None)
+    host = ctx["topo"]["hosts"].get(host_name)
+    if host is not None:
+        claims.append((host.get("address"), proxy.get("port"), "proxy", "proxy.port",
+                       f"{ctx['name']}@{host_name}"))
+    return claims
+
+
+def rule_ports_unique(ctx):
+    """HTTP, DP RPC and proxy ports are unique per host address and stay out of kv port ranges."""
+    out = []
+    claims = [c for c in _single_claims(ctx) if _is_int(c[1])]
+    for i, (addr, port, label, field, where) in enumerate(claims):
+        for o_addr, o_port, o_label, _, _ in claims[:i]:
+            if addr == o_addr and port == o_port:
+                out.append(_v("error", where, field, f"port {port} of {label} is also used by {o_label} on {addr}",
+                              "give each role distinct port_base / dp_rpc_port ranges and the proxy its own port"))
+        for k_addr, lo, hi, k_role, k_index, _ in _kv_claims(ctx):
+            if addr == k_addr and lo <= port < hi:
+                out.append(_v("error", where, field,
+                              f"port {port} of {label} lies in {k_role} instance {k_index}'s kv ports "
+                              f"{lo}..{hi - 1} on {addr}",
+                              "move port_base / dp_rpc_port / proxy.port away from the kv_port ranges"))
+    return out
+
+
+#: The rules, run in this order by check_cluster.
+RULES = (
+    rule_version_known,
+    rule_engine_types,
+    rule_mooncake_connector_name,
+    rule_mooncake_both_sides,
+    rule_recompute_scheduler_placement,
+    rule_recompute_connector_placement,
+    rule_offloading_connector_placement,
+    rule_offload_bytes,
+    rule_gpu_memory_utilization,
+    rule_batched_tokens_vs_prompt,
+    rule_batched_tokens_danger,
+    rule_retention_interval,
+    rule_hybrid_kv_manager,
+    rule_rendered_kv_transfer_config,
+    rule_prefill_tp_ge_decode_tp,
+    rule_block_sizes_divide,
+    rule_unique_engine_id,
+    rule_kv_port_ranges,
+    rule_kv_port_reserved,
+    rule_shm_vs_pinned,
+    rule_host_ram,
+    rule_max_model_len,
+    rule_partial_prefills,
+    rule_topology_fit,
+    rule_ports_unique,
+)
+
+
+# ---------------------------------------------------------------------------------------------
+# public API
+
+
+def check_cluster(cluster, topo, specs=None, ram_reserve_bytes=None):
+    """Return every violation of one normalized cluster and its topology (list of dicts).
+
+    ``specs`` (optional) are the cluster's rank launch specs; when given, the connector configs,
+    shm and pinned bytes are checked as rendered there, otherwise they are rendered here from the
+    same builders. ``ram_reserve_bytes`` is the RAM kept free beside pinned offload on every host;
+    None uses each host record's ``ram_reserve_bytes`` and else 64GiB (DEFAULT_RAM_RESERVE_BYTES).
+    Raises PdError only when the inputs are not the normalized structures at all.
+    """
+    _check_inputs(cluster, topo, specs, ram_reserve_bytes)
+    ctx = _context(cluster, topo, specs, ram_reserve_bytes)
+    out = []
+    for rule in RULES:
+        out.extend(rule(ctx))
+    return out
+
+
+def format_violation(v):
+    """One line for a violation: ``ERROR cluster_a/prefill: field: what is wrong — what to do``."""
+    where = "pd_format_violation"
+    if not isinstance(v, dict):
+        raise PdError(where, "violation", f"expected a violation dict, got {type(v).__name__}",
+                      "pass one item of pd_check_cluster's result")
+    missing = [k for k in ("level", "where", "field", "message") if k not in v]
+    if missing:
+        raise PdError(where, "violation", f"missing key(s) {', '.join(missing)}",
+                      "pass one item of pd_check_cluster's result")
+    text = f"{str(v['level']).upper()} {v['where']}: {v['field']}: {v['message']}"
+    if v.get("fix"):
+        text += f" — {v['fix']}"
+    return text
+
+
+def has_errors(vs):
+    """True when any violation of ``vs`` has level "error" (errors block the deploy)."""
+    if not isinstance(vs, list):
+        raise PdError("pd_has_errors", "violations", f"expected a list, got {type(vs).__name__}",
+                      "pass the list pd_check_cluster returns")
+    return any(isinstance(v, dict) and v.get("level") == "error" for v in vs)
+
+
+FILTERS = {
+    "pd_check_cluster": check_cluster,
+    "pd_format_violation": format_violation,
+}

@@ -1,0 +1,115 @@
+"""Per-version keys of vllm-ascend, read from ``pd_deploy/data/versions.yml``.
+
+The table holds one row per release line ("0.23", "0.25", ..., "main"); ``version_row`` maps a
+concrete version string to its line and returns a private copy of the row, so a caller that edits
+the result can never change what the next caller sees (the table is parsed once and cached, but
+only copies leave this module).
+"""
+
+import copy
+import functools
+import os
+import re
+
+import yaml
+
+from pd_deploy.errors import PdError
+
+_TABLE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "versions.yml")
+# v0.25.1rc1, 0.25.1, 0.23.0, 0.26, 0.23.0.post1, 0.26.0.dev3 -> major.minor
+_VERSION_RE = re.compile(r"^v?(?P<major>\d+)\.(?P<minor>\d+)(?:\.\d+)?(?:\.?(?:rc|post|dev)\d+)?$")
+_BRANCHES = ("main",)
+# key -> type(s) every row must carry; checked once when the table is loaded
+_ROW_KEYS = {
+    "vllm_version": str,
+    "offloading_spec_name": str,
+    "offloading_spec_module_path": str,
+    "recompute_scheduler_key": str,
+    "max_num_partial_prefills_max": int,
+    "max_long_partial_prefills_max": int,
+    "partial_prefills_over_max": str,
+    "mooncake_connectors": list,
+    "sources": list,
+}
+_CHOICES = {
+    "recompute_scheduler_key": ("top", "nested"),
+    "partial_prefills_over_max": ("refuse", "reset"),
+}
+
+
+def _check_table(table):
+    """Raise PdError when the shipped table is malformed (a packaging bug, not an operator one)."""
+    where = "pd_version_row"
+    if not isinstance(table, dict) or not table:
+        raise PdError(where, "versions.yml", "is empty or not a mapping of release lines",
+                      "restore pd_deploy/data/versions.yml from the repository")
+    for line, row in table.items():
+        if not isinstance(line, str) or not isinstance(row, dict):
+            raise PdError(where, f"versions.yml.{line}", "is not a quoted line name with a mapping",
+                          "quote the line name (\"0.25\") and give it a mapping of row keys")
+        for key, kind in _ROW_KEYS.items():
+            value = row.get(key)
+            if isinstance(value, bool) or not isinstance(value, kind):
+                raise PdError(where, f"versions.yml.{line}.{key}",
+                              f"{value!r} is not a {kind.__name__}",
+                              "fix the row in pd_deploy/data/versions.yml")
+        for key, choices in _CHOICES.items():
+            if row[key] not in choices:
+                raise PdError(where, f"versions.yml.{line}.{key}",
+                              f"{row[key]!r} is not one of {', '.join(choices)}",
+                              "fix the row in pd_deploy/data/versions.yml")
+
+
+@functools.lru_cache(maxsize=1)
+def _table():
+    """Parse and check the table once. Never hand this object out: callers get deep copies."""
+    with open(_TABLE, encoding="utf-8") as handle:
+        table = yaml.safe_load(handle)
+    _check_table(table)
+    return table
+
+
+def known_versions():
+    """Return the release lines of the table, in file order (e.g. ``["0.23", ..., "main"]``)."""
+    return list(_table())
+
+
+def _line_of(version):
+    """Map a version string to its release-line key, or None when it has no recognisable form."""
+    text = version.strip()
+    if text.lower() in _BRANCHES:
+        return text.lower()
+    match = _VERSION_RE.match(text)
+    if not match:
+        return None
+    return f"{int(match['major'])}.{int(match['minor'])}"
+
+
+def version_row(version):
+    """Return a copy of the versions.yml row for ``version``, plus ``line`` (the row's key).
+
+    Accepts "0.25.1", "v0.25.1rc1", "0.23.0", "0.26", "main". A number (YAML turned an unquoted
+    0.25 into a float) and an unknown release line raise PdError naming the known lines.
+    """
+    where = "pd_version_row"
+    known = known_versions()
+    if not isinstance(version, str):
+        raise PdError(where, "vllm_ascend_version",
+                      f"{version!r} is a {type(version).__name__}, not a version string",
+                      f'quote it in YAML, e.g. vllm_ascend_version: "0.25.1" (known lines: {", ".join(known)})')
+    line = _line_of(version)
+    table = _table()
+    if line not in table:
+        problem = (f"{version!r} is not a version string" if line is None
+                   else f"{version!r} (line {line}) is not in pd_deploy/data/versions.yml")
+        raise PdError(where, "vllm_ascend_version", problem,
+                      f"use a release of one of the known lines: {', '.join(known)}; "
+                      "for a new line, add a row to pd_deploy/data/versions.yml after checking its sources")
+    row = copy.deepcopy(table[line])
+    row["line"] = line
+    return row
+
+
+FILTERS = {
+    "pd_version_row": version_row,
+}

@@ -1,0 +1,304 @@
+"""pd_deploy.connectors: the article's JSON, per-version keys, validation, purity."""
+
+import copy
+import json
+
+import jinja2
+import pytest
+
+from pd_deploy import connectors, versions
+from pd_deploy.errors import PdError
+
+GIB = 1024 ** 3
+
+# DOMAIN.md §3, D (article), verbatim.
+ARTICLE_D = {
+    "kv_connector": "MultiConnector", "kv_role": "kv_consumer", "engine_id": "1",
+    "kv_connector_extra_config": {"connectors": [
+        {"kv_connector": "MooncakeConnectorV1", "kv_role": "kv_consumer", "kv_port": "30100",
+         "kv_connector_extra_config": {"prefill": {"dp_size": 2, "tp_size": 4},
+                                       "decode": {"dp_size": 2, "tp_size": 4}}},
+        {"kv_connector": "RecomputeCPUOffloadConnector", "kv_role": "kv_consumer",
+         "kv_connector_extra_config": {"cpu_bytes_to_use_per_rank": 26843545600}}]}}
+
+
+def article_p_offload(spec_module_path):
+    """DOMAIN.md §3, P (article) OffloadingConnector child, with the per-version module."""
+    return {"kv_connector": "OffloadingConnector", "kv_role": "kv_both",
+            "kv_connector_extra_config": {"cpu_bytes_to_use": 214748364800, "blocks_per_chunk": 8,
+                                          "spec_name": "NPUOffloadingSpec",
+                                          "spec_module_path": spec_module_path}}
+
+
+def role(name, **over):
+    base = {"role": name, "instances": 1, "dp": 2, "tp": 4, "mooncake": True,
+            "offload_connector": "none", "recompute_scheduler": False}
+    base.update(over)
+    return base
+
+
+def cluster(**over):
+    base = {"name": "cluster_a", "mooncake_connector": "MooncakeConnectorV1",
+            "roles": {"prefill": role("prefill", offload_connector="OffloadingConnector"),
+                      "decode": role("decode", offload_connector="RecomputeCPUOffloadConnector",
+                                     recompute_scheduler=True)}}
+    base.update(over)
+    return base
+
+
+def instance(name, engine_id, kv_port):
+    return {"role": name, "index": 0, "engine_id": engine_id, "dp": 2, "tp": 4, "kv_port": kv_port}
+
+
+def article_d():
+    c = cluster()
+    return connectors.kv_transfer_config(c["roles"]["decode"], c, instance("decode", "1", 30100),
+                                         versions.version_row("0.25.1"), 26843545600)
+
+
+def test_article_d_json_reproduced():
+    result = article_d()
+    assert result == ARTICLE_D
+    # same content and the article's key order once serialised compactly
+    assert json.dumps(result, separators=(",", ":")) == json.dumps(ARTICLE_D, separators=(",", ":"))
+
+
+@pytest.mark.parametrize("version, module", [
+    ("0.23.0", "vllm_ascend.kv_offload.npu"),
+    ("0.25.1", "vllm_ascend.kv_offload.npu"),
+    ("v0.25.1rc1", "vllm_ascend.kv_offload.npu"),
+    ("0.26.0", "vllm_ascend.kv_offload.npu"),
+    ("main", "vllm_ascend.distributed.kv_transfer.kv_pool.kv_offload.native.npu"),
+])
+def test_article_p_json_per_version(version, module):
+    c = cluster()
+    result = connectors.kv_transfer_config(c["roles"]["prefill"], c, instance("prefill", "0", 30000),
+                                           versions.version_row(version), 200 * GIB)
+    assert result == {
+        "kv_connector": "MultiConnector", "kv_role": "kv_producer", "engine_id": "0",
+        "kv_connector_extra_config": {"connectors": [
+            {"kv_connector": "MooncakeConnectorV1", "kv_role": "kv_producer", "kv_port": "30000",
+             "kv_connector_extra_config": {"prefill": {"dp_size": 2, "tp_size": 4},
+                                           "decode": {"dp_size": 2, "tp_size": 4}}},
+            article_p_offload(module)]}}
+
+
+def test_offloading_child_matches_article_block():
+    row = versions.version_row("main")
+    assert connectors.offloading_child(214748364800, row) == article_p_offload(row["offloading_spec_module_path"])
+    assert connectors.offloading_child(GIB, row, blocks_per_chunk=16)["kv_connector_extra_config"][
+        "blocks_per_chunk"] == 16
+
+
+def test_mooncake_child_shape():
+    child = connectors.mooncake_child("prefill", "MooncakeHybridConnector", 30000,
+                                      {"dp": 4, "tp": 4}, {"dp_size": 16, "tp_size": 1})
+    assert child == {"kv_connector": "MooncakeHybridConnector", "kv_role": "kv_producer", "kv_port": "30000",
+                     "kv_connector_extra_config": {"prefill": {"dp_size": 4, "tp_size": 4},
+                                                   "decode": {"dp_size": 16, "tp_size": 1}}}
+    assert connectors.mooncake_child("decode", "MooncakeConnectorV1", 30100, {"dp": 2, "tp": 4},
+                                     {"dp": 2, "tp": 4})["kv_role"] == "kv_consumer"
+
+
+def test_recompute_child_shape():
+    assert connectors.recompute_child(26843545600) == ARTICLE_D["kv_connector_extra_config"]["connectors"][1]
+
+
+def test_mooncake_name_is_a_choice():
+    c = cluster(mooncake_connector="MooncakeHybridConnector")
+    result = connectors.kv_transfer_config(c["roles"]["decode"], c, instance("decode", "1", 30100),
+                                           versions.version_row("main"), 26843545600)
+    assert result["kv_connector_extra_config"]["connectors"][0]["kv_connector"] == "MooncakeHybridConnector"
+
+
+def test_single_child_is_returned_with_engine_id():
+    c = cluster()
+    c["roles"]["prefill"]["offload_connector"] = "none"
+    only_moon = connectors.kv_transfer_config(c["roles"]["prefill"], c, instance("prefill", "0", 30000),
+                                              versions.version_row("0.25.1"), None)
+    assert only_moon == {"kv_connector": "MooncakeConnectorV1", "kv_role": "kv_producer", "kv_port": "30000",
+                         "engine_id": "0",
+                         "kv_connector_extra_config": {"prefill": {"dp_size": 2, "tp_size": 4},
+                                                       "decode": {"dp_size": 2, "tp_size": 4}}}
+    c = cluster()
+    c["roles"]["prefill"]["mooncake"] = False
+    only_offload = connectors.kv_transfer_config(c["roles"]["prefill"], c, instance("prefill", "0", 30000),
+                                                 versions.version_row("0.23.0"), 100 * GIB)
+    assert only_offload["kv_connector"] == "OffloadingConnector"
+    assert only_offload["kv_role"] == "kv_both"
+    assert only_offload["engine_id"] == "0"
+
+
+def test_no_connector_gives_none():
+    c = cluster()
+    c["roles"]["decode"].update(mooncake=False, offload_connector="none")
+    assert connectors.kv_transfer_config(c["roles"]["decode"], c, instance("decode", "1", 30100),
+                                         versions.version_row("0.25.1"), None) is None
+
+
+@pytest.mark.parametrize("version, expected", [
+    ("0.23.0", {"recompute_scheduler_enable": True}),
+    ("v0.24.0rc1", {"recompute_scheduler_enable": True}),
+    ("v0.25.1rc1", {"scheduler_config": {"recompute_scheduler_enable": True}}),
+    ("0.25.1", {"scheduler_config": {"recompute_scheduler_enable": True}}),
+    ("0.26.0", {"scheduler_config": {"recompute_scheduler_enable": True}}),
+    ("main", {"scheduler_config": {"recompute_scheduler_enable": True}}),
+])
+def test_additional_config_placement_per_version(version, expected):
+    assert connectors.additional_config(role("decode", recompute_scheduler=True),
+                                        versions.version_row(version)) == expected
+
+
+def test_additional_config_none_without_recompute():
+    assert connectors.additional_config(role("decode"), versions.version_row("0.25.1")) is None
+
+
+# ---- validation -------------------------------------------------------------------------------
+
+ROW = versions.version_row("0.25.1")
+
+
+@pytest.mark.parametrize("args, field", [
+    (("middle", "MooncakeConnectorV1", 30000, {"dp": 2, "tp": 4}, {"dp": 2, "tp": 4}), "role_name"),
+    (("prefill", "", 30000, {"dp": 2, "tp": 4}, {"dp": 2, "tp": 4}), "connector_name"),
+    (("prefill", None, 30000, {"dp": 2, "tp": 4}, {"dp": 2, "tp": 4}), "connector_name"),
+    (("prefill", "MooncakeConnectorV1", "30000", {"dp": 2, "tp": 4}, {"dp": 2, "tp": 4}), "kv_port"),
+    (("prefill", "MooncakeConnectorV1", 0, {"dp": 2, "tp": 4}, {"dp": 2, "tp": 4}), "kv_port"),
+    (("prefill", "MooncakeConnectorV1", 70000, {"dp": 2, "tp": 4}, {"dp": 2, "tp": 4}), "kv_port"),
+    (("prefill", "MooncakeConnectorV1", True, {"dp": 2, "tp": 4}, {"dp": 2, "tp": 4}), "kv_port"),
+    (("prefill", "MooncakeConnectorV1", 30000, [2, 4], {"dp": 2, "tp": 4}), "prefill_topo"),
+    (("prefill", "MooncakeConnectorV1", 30000, {"dp": 0, "tp": 4}, {"dp": 2, "tp": 4}), "prefill_topo.dp"),
+    (("prefill", "MooncakeConnectorV1", 30000, {"dp": 2}, {"dp": 2, "tp": 4}), "prefill_topo.tp"),
+    (("prefill", "MooncakeConnectorV1", 30000, {"dp": 2, "tp": 4}, {"dp": 2, "tp": 2.0}), "decode_topo.tp"),
+])
+def test_mooncake_child_validation(args, field):
+    with pytest.raises(PdError) as err:
+        connectors.mooncake_child(*args)
+    assert err.value.where == "pd_mooncake_child"
+    assert err.value.field == field
+
+
+@pytest.mark.parametrize("value", [0, -1, None, 1.5, "200GiB", True])
+def test_offload_children_need_positive_int_bytes(value):
+    with pytest.raises(PdError) as err:
+        connectors.offloading_child(value, ROW)
+    assert (err.value.where, err.value.field) == ("pd_offloading_child", "cpu_bytes_to_use")
+    with pytest.raises(PdError) as err:
+        connectors.recompute_child(value)
+    assert (err.value.where, err.value.field) == ("pd_recompute_child", "cpu_bytes_to_use_per_rank")
+
+
+def test_offloading_child_needs_a_row():
+    with pytest.raises(PdError) as err:
+        connectors.offloading_child(GIB, {"offloading_spec_name": "NPUOffloadingSpec"})
+    assert err.value.where == "pd_offloading_child"
+    with pytest.raises(PdError):
+        connectors.offloading_child(GIB, ROW, blocks_per_chunk=0)
+
+
+def _kv_args(**change):
+    c = cluster()
+    args = {"role_cfg": c["roles"]["decode"], "cluster": c, "instance": instance("decode", "1", 30100),
+            "row": ROW, "offload_bytes": 26843545600}
+    args.update(change)
+    return args
+
+
+@pytest.mark.parametrize("change, field", [
+    ({"role_cfg": None}, "role_cfg"),
+    ({"cluster": []}, "cluster"),
+    ({"instance": "decode0"}, "instance"),
+    ({"role_cfg": role("both")}, "role_cfg.role"),
+    ({"instance": instance("prefill", "1", 30100)}, "instance.role"),
+    ({"instance": instance("decode", 1, 30100)}, "instance.engine_id"),
+    ({"role_cfg": role("decode", offload_connector="Recompute")}, "decode.offload_connector"),
+    ({"role_cfg": role("decode", mooncake="yes")}, "decode.mooncake"),
+    ({"row": {}}, "row.offloading_spec_name"),
+    ({"offload_bytes": None}, "cpu_bytes_to_use_per_rank"),
+    ({"instance": instance("decode", "1", None)}, "kv_port"),
+])
+def test_kv_transfer_config_validation(change, field):
+    with pytest.raises(PdError) as err:
+        connectors.kv_transfer_config(**_kv_args(**change))
+    assert err.value.field == field
+    assert err.value.where in ("pd_kv_transfer_config", "pd_mooncake_child", "pd_recompute_child")
+
+
+def test_kv_transfer_config_validation_names_the_builder():
+    with pytest.raises(PdError) as err:
+        connectors.kv_transfer_config(**_kv_args(role_cfg=None))
+    assert str(err.value).startswith("pd_kv_transfer_config: role_cfg:")
+
+
+@pytest.mark.parametrize("role_cfg, row, field", [
+    ("decode", ROW, "role_cfg"),
+    (role("decode", recompute_scheduler="true"), ROW, "recompute_scheduler"),
+    (role("decode", recompute_scheduler=True), {}, "row.offloading_spec_name"),
+    (role("decode", recompute_scheduler=True), dict(ROW, recompute_scheduler_key="deep"),
+     "row.recompute_scheduler_key"),
+])
+def test_additional_config_validation(role_cfg, row, field):
+    with pytest.raises(PdError) as err:
+        connectors.additional_config(role_cfg, row)
+    assert err.value.where == "pd_additional_config"
+    assert err.value.field == field
+
+
+# ---- purity -----------------------------------------------------------------------------------
+
+def test_builders_twice_equal_and_inputs_untouched():
+    c = cluster()
+    inst = instance("decode", "1", 30100)
+    row = versions.version_row("main")
+    snapshot = copy.deepcopy((c, inst, row))
+    calls = [
+        lambda: connectors.kv_transfer_config(c["roles"]["decode"], c, inst, row, 26843545600),
+        lambda: connectors.kv_transfer_config(c["roles"]["prefill"], c, dict(inst, role="prefill", engine_id="0"),
+                                              row, 100 * GIB),
+        lambda: connectors.additional_config(c["roles"]["decode"], row),
+        lambda: connectors.mooncake_child("decode", "MooncakeConnectorV1", 30100, c["roles"]["prefill"],
+                                          c["roles"]["decode"]),
+        lambda: connectors.offloading_child(100 * GIB, row),
+        lambda: connectors.recompute_child(26843545600),
+    ]
+    for call in calls:
+        first = call()
+        # tamper with the first result: the second call must not see it
+        if isinstance(first, dict):
+            first.setdefault("kv_connector_extra_config", {})["tampered"] = True
+            first["kv_role"] = "tampered"
+        second = call()
+        assert second == call()
+        assert second != first
+    assert (c, inst, row) == snapshot
+
+
+def test_results_share_nothing_with_inputs():
+    c = cluster()
+    result = connectors.kv_transfer_config(c["roles"]["decode"], c, instance("decode", "1", 30100), ROW, 1)
+    moon = result["kv_connector_extra_config"]["connectors"][0]
+    moon["kv_connector_extra_config"]["prefill"]["dp_size"] = 99
+    assert c["roles"]["prefill"]["dp"] == 2
+
+
+# ---- filters ----------------------------------------------------------------------------------
+
+def test_filters_dict():
+    assert connectors.FILTERS == {"pd_kv_transfer_config": connectors.kv_transfer_config,
+                                  "pd_additional_config": connectors.additional_config}
+
+
+def test_filters_through_jinja():
+    env = jinja2.Environment(undefined=jinja2.StrictUndefined)
+    env.filters.update(connectors.FILTERS)
+    env.filters.update(versions.FILTERS)
+    env.filters["to_json"] = lambda v: json.dumps(v, separators=(",", ":"))
+    c = cluster()
+    text = env.from_string(
+        "{{ rcfg | pd_kv_transfer_config(cluster, inst, ver | pd_version_row, per_rank) | to_json }}|"
+        "{{ rcfg | pd_additional_config(ver | pd_version_row) | to_json }}"
+    ).render(rcfg=c["roles"]["decode"], cluster=c, inst=instance("decode", "1", 30100), ver="0.25.1",
+             per_rank=26843545600)
+    kv, add = text.split("|")
+    assert json.loads(kv) == ARTICLE_D
+    assert json.loads(add) == {"scheduler_config": {"recompute_scheduler_enable": True}}

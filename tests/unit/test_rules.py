@@ -1,0 +1,637 @@
+"""pd_deploy.rules: each rule fails and passes, all violations come back at once.
+
+The fixtures are built by hand from docs/design.md (normalized cluster, host records, topology),
+so these tests do not depend on pd_deploy.model's normalisation.
+"""
+
+import copy
+import json
+
+import pytest
+
+from pd_deploy import connectors, rules, versions
+from pd_deploy.errors import PdError
+
+GIB = 1024 ** 3
+
+
+# ---- factories (docs/design.md shapes) ----------------------------------------------------------
+
+def make_engine(**over):
+    engine = {
+        "gpu_memory_utilization": 0.85, "max_num_seqs": 32, "max_num_batched_tokens": 32768,
+        "max_model_len": 32768, "block_size": 32, "enable_prefix_caching": True,
+        "prefix_cache_retention_interval": 4096, "disable_hybrid_kv_cache_manager": False,
+        "max_num_partial_prefills": 1, "max_long_partial_prefills": 1, "long_prefill_token_threshold": 8192,
+        "enforce_eager": False, "num_speculative_tokens": 0, "kv_cache_share": 0.6, "extra_args": [],
+    }
+    engine.update(over)
+    return engine
+
+
+def make_role(role, **over):
+    base = {
+        "role": role, "instances": 1, "dp": 2, "tp": 4,
+        "port_base": 8100 if role == "prefill" else 8200,
+        "kv_port": 30000 if role == "prefill" else 30100,
+        "dp_rpc_port": 13389 if role == "prefill" else 13399,
+        "mooncake": True,
+        "offload_connector": "OffloadingConnector" if role == "prefill" else "RecomputeCPUOffloadConnector",
+        "cpu_offload_bytes": 200 * GIB,
+        "recompute_scheduler": role == "decode",
+        "shm_size_bytes": None,
+        "engine": make_engine() if role == "prefill" else make_engine(
+            max_num_seqs=48, max_num_batched_tokens=144, enable_prefix_caching=False,
+            prefix_cache_retention_interval=None),
+        "env": {}, "privileged": False,
+    }
+    base.update(over)
+    return base
+
+
+def make_cluster(version="0.25.1"):
+    """The article's cluster: P DP2xTP4 + OffloadingConnector 200GiB, D DP2xTP4 + Recompute 200GiB."""
+    return {
+        "name": "cluster_a", "vllm_ascend_version": version, "image": "quay.io/ascend/vllm-ascend:v0.25.1",
+        "model": {"path": "/data/models/DeepSeek-V4-Flash", "served_name": "deepseek-v4-flash",
+                  "family": "deepseek_v4_flash"},
+        "workload": {"avg_prompt_tokens": 10240, "p99_prompt_tokens": 28672, "p99_output_tokens": 2048},
+        "mooncake_connector": "MooncakeConnectorV1",
+        "proxy": {"host": None, "port": 8000, "max_retries": 3, "retry_delay": 1},
+        "roles": {"prefill": make_role("prefill"), "decode": make_role("decode")},
+    }
+
+
+def make_host(name, role, address, npus=8, ram=1024 * GIB, **over):
+    host = {"name": name, "role": role, "address": address, "npus": npus, "hbm_per_npu_bytes": 64 * GIB,
+            "ram_bytes": ram, "hccl_if": "eth0", "npu_first": 0}
+    host.update(over)
+    return host
+
+
+def make_hosts(**over):
+    return [make_host("a-p0", "prefill", over.get("p_address", "10.0.0.1"), npus=over.get("p_npus", 8),
+                      ram=over.get("p_ram", 1024 * GIB)),
+            make_host("a-d0", "decode", over.get("d_address", "10.0.0.2"), npus=over.get("d_npus", 8),
+                      ram=over.get("d_ram", 1024 * GIB))]
+
+
+def make_topo(cluster, hosts):
+    """Place ranks as docs/design.md says: fill the role's hosts in order, npus // tp ranks each."""
+    topo = {"instances": [], "hosts": {h["name"]: dict(h, ranks=[]) for h in hosts}}
+    engine_id = 0
+    for role in ("prefill", "decode"):
+        rcfg = cluster["roles"][role]
+        dp, tp = rcfg["dp"], rcfg["tp"]
+        slots = [(h, h["npu_first"] + s * tp) for h in hosts if h["role"] == role for s in range(h["npus"] // tp)]
+        for index in range(rcfg["instances"]):
+            inst = {"role": role, "index": index, "engine_id": str(engine_id), "dp": dp, "tp": tp,
+                    "kv_port": rcfg["kv_port"] + index * dp * tp, "dp_rpc_port": rcfg["dp_rpc_port"] + index,
+                    "hosts": [], "ranks": []}
+            engine_id += 1
+            for dp_rank in range(dp):
+                pos = index * dp + dp_rank
+                if pos >= len(slots):
+                    break
+                host, first = slots[pos]
+                rank = {"role": role, "instance": index, "dp_rank": dp_rank, "host": host["name"],
+                        "address": host["address"], "devices": list(range(first, first + tp)),
+                        "port": rcfg["port_base"] + index * dp + dp_rank,
+                        "container": f"pd-{cluster['name']}-{role}{index}-dp{dp_rank}"}
+                inst["ranks"].append(rank)
+                if host["name"] not in inst["hosts"]:
+                    inst["hosts"].append(host["name"])
+                topo["hosts"][host["name"]]["ranks"].append(rank)
+            inst["dp_address"] = inst["ranks"][0]["address"] if inst["ranks"] else None
+            topo["instances"].append(inst)
+    return topo
+
+
+def make_specs(cluster, topo):
+    """Minimal rank launch specs carrying the fields the rules read (argv, shm, pinned bytes)."""
+    row = versions.version_row(cluster["vllm_ascend_version"])
+    specs = []
+    for inst in topo["instances"]:
+        rcfg = cluster["roles"][inst["role"]]
+        for rank in inst["ranks"]:
+            host = topo["hosts"][rank["host"]]
+            if rcfg["offload_connector"] == "RecomputeCPUOffloadConnector":
+                value = rcfg["cpu_offload_bytes"] // host["npus"]
+                pinned = value * rcfg["tp"]
+            elif rcfg["offload_connector"] == "OffloadingConnector":
+                value = pinned = rcfg["cpu_offload_bytes"] // (host["npus"] // rcfg["tp"])
+            else:
+                value, pinned = None, 0
+            command = ["vllm", "serve", cluster["model"]["path"], "--port", str(rank["port"])]
+            kv = connectors.kv_transfer_config(rcfg, cluster, inst, row, value)
+            if kv:
+                command += ["--kv-transfer-config", json.dumps(kv, separators=(",", ":"))]
+            auto_shm = max(16 * GIB, -(-pinned * 128 // (100 * GIB)) * GIB)
+            specs.append({"name": rank["container"], "role": inst["role"], "instance": inst["index"],
+                          "dp_rank": rank["dp_rank"], "host": rank["host"], "command": command,
+                          "shm_size_bytes": rcfg["shm_size_bytes"] or auto_shm,
+                          "pinned_offload_bytes": pinned})
+    return specs
+
+
+def check(cluster=None, hosts=None, topo=None, **kw):
+    cluster = cluster or make_cluster()
+    topo = topo or make_topo(cluster, hosts or make_hosts())
+    return rules.check_cluster(cluster, topo, **kw)
+
+
+def hits(vs, field, level=None):
+    return [v for v in vs if v["field"] == field and (level is None or v["level"] == level)]
+
+
+def with_role(role, **over):
+    cluster = make_cluster()
+    cluster["roles"][role].update(over)
+    return cluster
+
+
+def with_engine(role, **over):
+    cluster = make_cluster()
+    cluster["roles"][role]["engine"].update(over)
+    return cluster
+
+
+# ---- the baseline ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("version", versions.known_versions())
+def test_article_cluster_is_clean_on_every_line(version):
+    assert check(make_cluster(version)) == []
+
+
+def test_article_cluster_is_clean_with_specs():
+    cluster = make_cluster()
+    topo = make_topo(cluster, make_hosts())
+    assert rules.check_cluster(cluster, topo, make_specs(cluster, topo)) == []
+
+
+def test_violation_shape():
+    vs = check(with_engine("prefill", gpu_memory_utilization=0.96))
+    assert vs == [{"level": "error", "where": "cluster_a/prefill", "field": "prefill.engine.gpu_memory_utilization",
+                   "message": vs[0]["message"], "fix": "set gpu_memory_utilization: 0.85 (production)"}]
+    assert vs[0]["message"].startswith("0.96 >= 0.95")
+
+
+# ---- one failing and one passing case per rule --------------------------------------------------
+
+def test_version_known():
+    vs = check(make_cluster("0.22.1"))
+    assert [v["level"] for v in hits(vs, "vllm_ascend_version")] == ["error"]
+    assert "0.23, 0.24, 0.25, 0.26, main" in hits(vs, "vllm_ascend_version")[0]["fix"]
+    assert hits(check(make_cluster("main")), "vllm_ascend_version") == []
+
+
+def test_engine_types():
+    vs = check(with_engine("prefill", gpu_memory_utilization="0.85", max_num_seqs=0))
+    assert hits(vs, "prefill.engine.gpu_memory_utilization", "error")
+    assert hits(vs, "prefill.engine.max_num_seqs", "error")
+    cluster = make_cluster()
+    cluster["workload"]["avg_prompt_tokens"] = "10k"
+    assert hits(check(cluster), "workload.avg_prompt_tokens", "error")
+    assert hits(check(), "prefill.engine.max_num_seqs") == []
+
+
+def test_mooncake_connector_name():
+    cluster = make_cluster()
+    cluster["mooncake_connector"] = "MooncakeConnectorStoreV1"
+    vs = hits(check(cluster), "mooncake_connector", "error")
+    assert vs and "MooncakeConnectorV1, MooncakeHybridConnector" in vs[0]["fix"]
+    cluster["mooncake_connector"] = "MooncakeHybridConnector"
+    assert check(cluster) == []
+
+
+def test_mooncake_both_sides():
+    assert hits(check(with_role("decode", mooncake=False)), "decode.mooncake", "error")
+    cluster = make_cluster()
+    cluster["roles"]["prefill"]["mooncake"] = False
+    cluster["roles"]["decode"]["mooncake"] = False
+    assert hits(check(cluster), "decode.mooncake") == [] and hits(check(cluster), "prefill.mooncake") == []
+
+
+def test_recompute_scheduler_only_on_decode():
+    vs = hits(check(with_role("prefill", recompute_scheduler=True)), "prefill.recompute_scheduler", "error")
+    assert vs and "decode" in vs[0]["message"]
+    assert hits(check(), "prefill.recompute_scheduler") == []
+
+
+def test_recompute_scheduler_needs_a_consumer_connector():
+    cluster = with_role("decode", mooncake=False, offload_connector="none", cpu_offload_bytes=0)
+    cluster["roles"]["prefill"]["mooncake"] = False
+    assert hits(check(cluster), "decode.recompute_scheduler", "error")
+    cluster["roles"]["decode"]["recompute_scheduler"] = False
+    assert hits(check(cluster), "decode.recompute_scheduler") == []
+
+
+def test_recompute_connector_only_on_decode():
+    cluster = with_role("prefill", offload_connector="RecomputeCPUOffloadConnector", recompute_scheduler=False)
+    assert hits(check(cluster), "prefill.offload_connector", "error")
+    assert hits(check(), "prefill.offload_connector") == []
+
+
+def test_offloading_connector_only_on_prefill():
+    cluster = with_role("decode", offload_connector="OffloadingConnector", recompute_scheduler=False)
+    assert hits(check(cluster), "decode.offload_connector", "error")
+    assert hits(check(), "decode.offload_connector") == []
+
+
+def test_offload_bytes_consistency():
+    assert hits(check(with_role("prefill", cpu_offload_bytes=0)), "prefill.cpu_offload", "error")
+    assert hits(check(with_role("prefill", offload_connector="none")), "prefill.cpu_offload", "warning")
+    assert hits(check(with_role("decode", recompute_scheduler=False)), "decode.recompute_scheduler", "warning")
+    assert hits(check(with_role("prefill", offload_connector="none", cpu_offload_bytes=0)), "prefill.cpu_offload") == []
+
+
+@pytest.mark.parametrize("value, level", [
+    (0, "error"), (-0.1, "error"), (1.2, "error"), (1.0, "error"), (0.95, "error"), (0.96, "error"),
+    (0.94, "warning"), (0.90, "warning"),
+    (0.89, None), (0.85, None), (0.80, None),
+])
+def test_gpu_memory_utilization(value, level):
+    found = hits(check(with_engine("decode", gpu_memory_utilization=value)), "decode.engine.gpu_memory_utilization")
+    assert [v["level"] for v in found] == ([level] if level else [])
+    if level:
+        assert found[0]["fix"] == "set gpu_memory_utilization: 0.85 (production)"
+
+
+def test_batched_tokens_at_least_twice_the_average_prompt():
+    found = hits(check(with_engine("prefill", max_num_batched_tokens=8192)), "prefill.engine.max_num_batched_tokens")
+    assert [v["level"] for v in found] == ["warning"]
+    assert "only 1 request running" in found[0]["message"]
+    assert "32768" in found[0]["fix"]
+    assert hits(check(with_engine("prefill", max_num_batched_tokens=20480)),
+                "prefill.engine.max_num_batched_tokens") == []
+    # decode keeps a small budget on purpose (144 in the article)
+    assert hits(check(), "decode.engine.max_num_batched_tokens") == []
+
+
+def test_batched_tokens_danger_zone_at_tp4():
+    found = hits(check(with_engine("prefill", max_num_batched_tokens=65537)), "prefill.engine.max_num_batched_tokens")
+    assert [v["level"] for v in found] == ["error"]
+    assert hits(check(with_engine("prefill", max_num_batched_tokens=65536)),
+                "prefill.engine.max_num_batched_tokens") == []
+    cluster = with_engine("prefill", max_num_batched_tokens=98304)
+    cluster["roles"]["prefill"]["tp"] = 8
+    cluster["roles"]["prefill"]["dp"] = 1
+    cluster["roles"]["decode"]["tp"] = 8
+    cluster["roles"]["decode"]["dp"] = 1
+    assert hits(check(cluster), "prefill.engine.max_num_batched_tokens") == []
+
+
+@pytest.mark.parametrize("interval, level", [
+    (4100, "error"), (-32, "error"), ("4096", "error"), (8192, "warning"), (0, "warning"),
+    (4096, None), (None, None),
+])
+def test_retention_interval(interval, level):
+    found = hits(check(with_engine("prefill", prefix_cache_retention_interval=interval)),
+                 "prefill.engine.prefix_cache_retention_interval")
+    assert [v["level"] for v in found] == ([level] if level else [])
+    if level:
+        assert "4096" in found[0]["fix"]
+
+
+def test_retention_interval_follows_block_size():
+    cluster = with_engine("prefill", block_size=128, prefix_cache_retention_interval=16384)
+    cluster["roles"]["decode"]["engine"]["block_size"] = 128
+    assert check(cluster) == []
+    cluster["roles"]["prefill"]["engine"]["prefix_cache_retention_interval"] = 4096
+    found = hits(check(cluster), "prefill.engine.prefix_cache_retention_interval", "warning")
+    assert found and "16384" in found[0]["fix"]
+
+
+def test_hybrid_kv_cache_manager_must_stay_on_v4():
+    assert hits(check(with_engine("decode", disable_hybrid_kv_cache_manager=True)),
+                "decode.engine.disable_hybrid_kv_cache_manager", "error")
+    assert hits(check(with_engine("prefill", extra_args=["--disable-hybrid-kv-cache-manager"])),
+                "prefill.engine.extra_args", "error")
+    cluster = with_engine("decode", disable_hybrid_kv_cache_manager=True)
+    cluster["model"]["family"] = "qwen3"
+    assert hits(check(cluster), "decode.engine.disable_hybrid_kv_cache_manager") == []
+
+
+def _tamper_spec(specs, role, mutate):
+    out = copy.deepcopy(specs)
+    for spec in out:
+        if spec["role"] == role:
+            i = spec["command"].index("--kv-transfer-config") + 1
+            config = json.loads(spec["command"][i])
+            mutate(config)
+            spec["command"][i] = json.dumps(config)
+    return out
+
+
+def _moon(config):
+    return config["kv_connector_extra_config"]["connectors"][0]
+
+
+@pytest.mark.parametrize("mutate, field", [
+    (lambda c: _moon(c)["kv_connector_extra_config"]["prefill"].update(dp_size=4),
+     "decode.kv_transfer_config.MooncakeConnectorV1.prefill"),
+    (lambda c: _moon(c)["kv_connector_extra_config"]["decode"].pop("tp_size"),
+     "decode.kv_transfer_config.MooncakeConnectorV1.decode"),
+    (lambda c: _moon(c).update(kv_role="kv_producer"), "decode.kv_transfer_config.MooncakeConnectorV1.kv_role"),
+    (lambda c: _moon(c).update(kv_port="30000"), "decode.kv_transfer_config.MooncakeConnectorV1.kv_port"),
+    (lambda c: c.update(engine_id="0"), "decode.kv_transfer_config.engine_id"),
+    (lambda c: c["kv_connector_extra_config"]["connectors"].pop(0), "decode.kv_transfer_config"),
+    (lambda c: c["kv_connector_extra_config"]["connectors"][1].update(kv_role="kv_both"),
+     "decode.kv_transfer_config.RecomputeCPUOffloadConnector.kv_role"),
+])
+def test_rendered_decode_config_is_checked_against_topology(mutate, field):
+    cluster = make_cluster()
+    topo = make_topo(cluster, make_hosts())
+    specs = _tamper_spec(make_specs(cluster, topo), "decode", mutate)
+    found = hits(rules.check_cluster(cluster, topo, specs), field, "error")
+    assert len(found) == 1  # two DP ranks on one host report once
+    assert found[0]["where"] == "cluster_a/decode/instance 0@a-d0"
+
+
+def test_rendered_prefill_offload_module_must_match_the_row():
+    cluster = make_cluster("main")
+    topo = make_topo(cluster, make_hosts())
+    old = versions.version_row("0.25.1")["offloading_spec_module_path"]
+
+    def mutate(c):
+        c["kv_connector_extra_config"]["connectors"][1]["kv_connector_extra_config"]["spec_module_path"] = old
+
+    specs = _tamper_spec(make_specs(cluster, topo), "prefill", mutate)
+    found = hits(rules.check_cluster(cluster, topo, specs),
+                 "prefill.kv_transfer_config.OffloadingConnector.spec_module_path")
+    assert [v["level"] for v in found] == ["error"]
+
+
+def test_rendered_mooncake_must_match_the_real_topology_without_specs():
+    # the topology says decode runs DP4 x TP2 while the role (and thus the builders) say DP2 x TP4
+    cluster = make_cluster()
+    topo = make_topo(cluster, make_hosts())
+    for inst in topo["instances"]:
+        if inst["role"] == "decode":
+            inst.update(dp=4, tp=2)
+    found = hits(rules.check_cluster(cluster, topo), "prefill.kv_transfer_config.MooncakeConnectorV1.decode", "error")
+    assert found and "{'dp_size': 4, 'tp_size': 2}" in found[0]["message"]
+
+
+def test_rendered_config_that_is_not_json_is_reported():
+    cluster = make_cluster()
+    topo = make_topo(cluster, make_hosts())
+    specs = make_specs(cluster, topo)
+    specs[0]["command"][-1] = "{not json"
+    assert hits(rules.check_cluster(cluster, topo, specs), "prefill.kv_transfer_config", "error")
+
+
+def test_prefill_tp_at_least_decode_tp():
+    cluster = with_role("prefill", dp=4, tp=2)
+    found = hits(check(cluster), "prefill.tp", "error")
+    assert found and "prefill tp 2 < decode tp 4" in found[0]["message"]
+    cluster = with_role("decode", dp=4, tp=2)  # P TP4 -> D TP2 is fine
+    assert check(cluster) == []
+
+
+def test_block_sizes_divide_each_other():
+    assert hits(check(with_engine("decode", block_size=48)), "decode.engine.block_size", "error")
+    assert hits(check(with_engine("decode", block_size=128)), "decode.engine.block_size") == []
+
+
+def test_unique_engine_id():
+    cluster = make_cluster()
+    topo = make_topo(cluster, make_hosts())
+    topo["instances"][1]["engine_id"] = "0"
+    found = hits(rules.check_cluster(cluster, topo), "decode.engine_id", "error")
+    assert found and "prefill instance 0" in found[0]["message"]
+    assert hits(check(), "decode.engine_id") == []
+
+
+def test_kv_port_ranges_must_not_overlap_on_one_address():
+    hosts = make_hosts(d_address="10.0.0.1")  # P and D hosts share an address
+    vs = check(with_role("decode", kv_port=30004), hosts=hosts)
+    found = hits(vs, "decode.kv_port", "error")
+    assert found and "30004..30011 overlap prefill instance 0's 30000..30007" in found[0]["message"]
+    assert hits(check(with_role("decode", kv_port=30008), hosts=hosts), "decode.kv_port") == []
+    # different addresses may reuse the same ports
+    assert hits(check(with_role("decode", kv_port=30000)), "decode.kv_port") == []
+
+
+def test_kv_port_ranges_between_instances_of_a_role():
+    cluster = with_role("prefill", instances=2, dp=1)  # two DP1 x TP4 instances on one host
+    topo = make_topo(cluster, make_hosts())
+    assert hits(rules.check_cluster(cluster, topo), "prefill.kv_port") == []
+    topo["instances"][1]["kv_port"] = 30002
+    assert hits(rules.check_cluster(cluster, topo), "prefill.kv_port", "error")
+
+
+@pytest.mark.parametrize("npus, kv_port, bad", [
+    (8, 27000, True), (8, 27995, True), (8, 28000, False), (8, 10000, False), (8, 19992, False),
+    (8, 19993, True), (16, 30000, True), (16, 36000, False),
+])
+def test_kv_port_avoids_mooncake_transport_range(npus, kv_port, bad):
+    found = hits(check(with_role("prefill", kv_port=kv_port), hosts=make_hosts(p_npus=npus)),
+                 "prefill.kv_port", "error")
+    assert bool(found) is bad
+    if bad:
+        assert found[0]["fix"] == f"set prefill.kv_port >= {20000 + npus * 1000}"
+
+
+def test_shm_holds_the_pinned_offload():
+    # P: 200GiB over 2 engines on the host -> 100GiB pinned per container
+    found = hits(check(with_role("prefill", shm_size_bytes=64 * GIB)), "prefill.shm_size", "error")
+    assert found and "128GiB" in found[0]["fix"]
+    assert hits(check(with_role("prefill", shm_size_bytes=100 * GIB)), "prefill.shm_size") == []
+    # D: 200GiB / 8 NPUs x TP4 = 100GiB pinned per container
+    assert hits(check(with_role("decode", shm_size_bytes=99 * GIB)), "decode.shm_size", "error")
+    assert hits(check(with_role("decode", shm_size_bytes=256 * GIB)), "decode.shm_size") == []
+
+
+def test_shm_checked_in_specs():
+    cluster = make_cluster()
+    topo = make_topo(cluster, make_hosts())
+    specs = make_specs(cluster, topo)
+    assert hits(rules.check_cluster(cluster, topo, specs), "decode.shm_size") == []
+    specs[-1]["shm_size_bytes"] = 32 * GIB
+    assert hits(rules.check_cluster(cluster, topo, specs), "decode.shm_size", "error")
+
+
+def test_offload_that_does_not_split_is_reported():
+    found = hits(check(with_role("decode", cpu_offload_bytes=200 * GIB + 3)), "decode.cpu_offload", "error")
+    assert found and "does not divide" in found[0]["message"]
+
+
+def test_host_ram_holds_offload_and_reserve():
+    found = hits(check(hosts=make_hosts(p_ram=256 * GIB)), "prefill.cpu_offload", "error")
+    assert found and found[0]["where"] == "cluster_a/prefill@a-p0"
+    assert hits(check(hosts=make_hosts(p_ram=264 * GIB)), "prefill.cpu_offload") == []  # 200 + 64 reserve
+    assert hits(check(hosts=make_hosts(p_ram=512 * GIB), ram_reserve_bytes=400 * GIB), "prefill.cpu_offload", "error")
+
+
+def test_host_ram_uses_the_host_record_reserve():
+    cluster = make_cluster()
+    hosts = make_hosts(p_ram=300 * GIB)
+    assert hits(check(cluster, hosts=hosts), "prefill.cpu_offload") == []
+    hosts[0]["ram_reserve_bytes"] = 128 * GIB
+    assert hits(check(cluster, hosts=hosts), "prefill.cpu_offload", "error")
+
+
+def test_max_model_len_covers_p99():
+    found = check(with_engine("decode", max_model_len=16384))
+    assert [v["level"] for v in hits(found, "decode.engine.max_model_len")] == ["error"]
+    assert "30720" in hits(found, "decode.engine.max_model_len")[0]["fix"]
+    assert hits(check(with_engine("decode", max_model_len=30720)), "decode.engine.max_model_len") == []
+
+
+@pytest.mark.parametrize("key", ["max_num_partial_prefills", "max_long_partial_prefills"])
+def test_partial_prefills_refused_per_row(key):
+    found = hits(check(with_engine("prefill", **{key: 2})), f"prefill.engine.{key}")
+    assert [v["level"] for v in found] == ["error"]
+    assert "Concurrent Partial Prefill is not supported" in found[0]["message"]
+    assert hits(check(with_engine("prefill", **{key: 1})), f"prefill.engine.{key}") == []
+
+
+def test_partial_prefills_reset_rows_warn(monkeypatch):
+    real = versions.version_row
+
+    def reset_row(version):
+        return dict(real(version), partial_prefills_over_max="reset")
+
+    monkeypatch.setattr(rules.versions, "version_row", reset_row)
+    found = hits(check(with_engine("prefill", max_num_partial_prefills=2)), "prefill.engine.max_num_partial_prefills")
+    assert [v["level"] for v in found] == ["warning"]
+    assert "resets it to 1" in found[0]["message"]
+
+
+def test_tp_must_divide_host_npus():
+    cluster = with_role("prefill", tp=3, dp=2)
+    cluster["roles"]["decode"]["tp"] = 3  # keep prefill tp >= decode tp out of the picture
+    vs = check(cluster)
+    found = hits(vs, "prefill.tp", "error")
+    assert found and found[0]["where"] == "cluster_a/prefill@a-p0"
+    assert hits(check(), "prefill.tp") == []
+
+
+def test_ranks_must_fit_the_role_hosts():
+    found = hits(check(with_role("decode", instances=2)), "decode.instances", "error")
+    assert found and "need 16 NPUs" in found[0]["message"] and "have 8 usable" in found[0]["message"]
+    hosts = make_hosts() + [make_host("a-d1", "decode", "10.0.0.3")]
+    assert hits(check(with_role("decode", instances=2), hosts=hosts), "decode.instances") == []
+
+
+def test_http_ports_unique_per_address():
+    hosts = make_hosts(d_address="10.0.0.1")
+    found = hits(check(with_role("decode", port_base=8101, kv_port=30100), hosts=hosts), "decode.port_base", "error")
+    assert found and "also used by pd-cluster_a-prefill0-dp1" in found[0]["message"]
+    assert hits(check(hosts=hosts), "decode.port_base") == []
+
+
+def test_proxy_and_dp_rpc_ports_unique():
+    cluster = make_cluster()
+    cluster["proxy"]["port"] = 8100
+    assert hits(check(cluster), "proxy.port", "error")
+    cluster["proxy"].update(host="a-d0", port=8000)
+    assert hits(check(cluster), "proxy.port") == []
+    cluster = with_role("prefill", dp_rpc_port=30004)
+    found = hits(check(cluster), "prefill.dp_rpc_port", "error")
+    assert found and "kv ports" in found[0]["message"]
+
+
+# ---- all at once, formatting, inputs, purity ---------------------------------------------------
+
+def test_every_violation_at_once():
+    cluster = make_cluster()
+    cluster["roles"]["prefill"]["recompute_scheduler"] = True
+    cluster["roles"]["prefill"]["engine"].update(gpu_memory_utilization=0.96, max_num_batched_tokens=8192,
+                                                 prefix_cache_retention_interval=4100, max_num_partial_prefills=2)
+    cluster["roles"]["decode"]["engine"].update(block_size=48, max_model_len=8192,
+                                                disable_hybrid_kv_cache_manager=True)
+    cluster["roles"]["decode"].update(kv_port=27000, shm_size_bytes=GIB)
+    cluster["mooncake_connector"] = "NotMooncake"
+    vs = check(cluster, hosts=make_hosts(p_ram=128 * GIB))
+    fields = {v["field"] for v in vs}
+    assert {
+        "prefill.recompute_scheduler", "prefill.engine.gpu_memory_utilization",
+        "prefill.engine.max_num_batched_tokens", "prefill.engine.prefix_cache_retention_interval",
+        "prefill.engine.max_num_partial_prefills", "decode.engine.block_size", "decode.engine.max_model_len",
+        "decode.engine.disable_hybrid_kv_cache_manager", "decode.kv_port", "decode.shm_size",
+        "mooncake_connector", "prefill.cpu_offload",
+    } <= fields
+    assert rules.has_errors(vs)
+    assert all(set(v) == {"level", "where", "field", "message", "fix"} for v in vs)
+    assert all(v["level"] in ("error", "warning") and v["message"] and v["fix"] for v in vs)
+
+
+def test_format_violation():
+    v = {"level": "error", "where": "cluster_a/prefill", "field": "prefill.engine.gpu_memory_utilization",
+         "message": "0.96 >= 0.95", "fix": "set 0.85 (production)"}
+    assert rules.format_violation(v) == \
+        "ERROR cluster_a/prefill: prefill.engine.gpu_memory_utilization: 0.96 >= 0.95 — set 0.85 (production)"
+    assert rules.format_violation(dict(v, level="warning", fix="")).startswith("WARNING cluster_a/prefill: ")
+    assert " — " not in rules.format_violation(dict(v, fix=None))
+    with pytest.raises(PdError, match="pd_format_violation"):
+        rules.format_violation("ERROR")
+    with pytest.raises(PdError, match="missing key"):
+        rules.format_violation({"level": "error"})
+
+
+def test_has_errors():
+    assert rules.has_errors([]) is False
+    assert rules.has_errors([{"level": "warning"}]) is False
+    assert rules.has_errors([{"level": "warning"}, {"level": "error"}]) is True
+    with pytest.raises(PdError, match="pd_has_errors"):
+        rules.has_errors(None)
+
+
+@pytest.mark.parametrize("cluster, topo, field", [
+    ([], {"instances": [], "hosts": {}}, "cluster"),
+    ({"name": "x"}, {"instances": [], "hosts": {}}, "cluster"),
+    ("cluster", None, "cluster"),
+])
+def test_wrong_input_shape_raises(cluster, topo, field):
+    with pytest.raises(PdError) as err:
+        rules.check_cluster(cluster, topo)
+    assert err.value.where == "pd_check_cluster"
+    assert err.value.field == field
+
+
+def test_wrong_topology_or_specs_shape_raises():
+    cluster = make_cluster()
+    with pytest.raises(PdError, match="topo"):
+        rules.check_cluster(cluster, [])
+    with pytest.raises(PdError, match="topo"):
+        rules.check_cluster(cluster, {"instances": {}})
+    topo = make_topo(cluster, make_hosts())
+    with pytest.raises(PdError, match="specs"):
+        rules.check_cluster(cluster, topo, specs="x")
+    with pytest.raises(PdError, match="ram_reserve_bytes"):
+        rules.check_cluster(cluster, topo, ram_reserve_bytes="64GiB")
+    broken = make_cluster()
+    del broken["roles"]["decode"]["engine"]
+    with pytest.raises(PdError, match="cluster.roles.decode"):
+        rules.check_cluster(broken, topo)
+
+
+def test_twice_equal_and_inputs_untouched():
+    cluster = make_cluster()
+    cluster["roles"]["prefill"]["engine"]["gpu_memory_utilization"] = 0.92
+    cluster["roles"]["decode"]["kv_port"] = 27000
+    topo = make_topo(cluster, make_hosts())
+    specs = make_specs(cluster, topo)
+    snapshot = copy.deepcopy((cluster, topo, specs))
+    first = rules.check_cluster(cluster, topo, specs)
+    first[0]["message"] = "tampered"
+    first.append({"level": "error"})
+    second = rules.check_cluster(cluster, topo, specs)
+    assert second == rules.check_cluster(cluster, topo, specs)
+    assert second != first and len(second) == 2
+    assert (cluster, topo, specs) == snapshot
+    assert rules.check_cluster(cluster, topo) == rules.check_cluster(cluster, topo)
+
+
+def test_rules_are_documented_and_all_registered():
+    names = [name for name in dir(rules) if name.startswith("rule_")]
+    assert sorted(r.__name__ for r in rules.RULES) == sorted(names)
+    assert all(r.__doc__ for r in rules.RULES)
+    assert isinstance(rules.RULES, tuple)
+
+
+def test_filters():
+    assert rules.FILTERS == {"pd_check_cluster": rules.check_cluster,
+                             "pd_format_violation": rules.format_violation}
