@@ -1,0 +1,416 @@
+"""The inventory model: operator intent -> normalized clusters -> topology -> launch specs.
+
+Prefill and decode are the same shape; only their data differ. Nothing here talks to a host: the
+functions take plain dicts (see docs/design.md) and return plain dicts, so the whole fleet can be
+planned, checked and rendered on the controller before anything is touched.
+"""
+
+import copy
+import functools
+import hashlib
+import json
+import math
+import os
+
+import yaml
+
+from pd_deploy import connectors, sizes, versions
+from pd_deploy.errors import PdError
+
+ROLES = ("prefill", "decode")
+GIB = 1024 ** 3
+# shm headroom over the container's pinned offload: the article's 200 GB -> --shm-size=256g
+SHM_HEADROOM = 1.28
+SHM_MIN_BYTES = 16 * GIB
+# Ascend device nodes every rank needs besides its davinciN (DOMAIN.md §2)
+ASCEND_CONTROL_DEVICES = ("/dev/davinci_manager", "/dev/devmm_svm", "/dev/hisi_hdc")
+# Read-only driver mounts (DOMAIN.md §2); the source is prefixed with the host's ascend_root
+ASCEND_MOUNTS = (
+    "/usr/local/dcmi",
+    "/usr/local/bin/npu-smi",
+    "/usr/local/Ascend/driver/lib64",
+    "/usr/local/Ascend/driver/version.info",
+    "/etc/ascend_install.info",
+    "/etc/hccn.conf",
+    "/usr/local/Ascend/driver/tools/hccn_tool",
+)
+_DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data")
+
+
+@functools.lru_cache(maxsize=None)
+def _defaults_text():
+    with open(os.path.join(_DATA, "defaults.yml"), encoding="utf-8") as handle:
+        return handle.read()
+
+
+def defaults():
+    """Return a fresh copy of pd_deploy/data/defaults.yml (callers may mutate it)."""
+    return yaml.safe_load(_defaults_text())
+
+
+def deep_merge(base, override):
+    """Return ``base`` with ``override`` merged in (dicts recursively, anything else replaced).
+
+    Neither argument is modified.
+    """
+    out = copy.deepcopy(base)
+    for key, value in (override or {}).items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = deep_merge(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def _where(name, role=None):
+    return f"{name}/{role}" if role else name
+
+
+def _require_int(value, where, field, minimum=0):
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise PdError(where, field, f"{value!r} is not a whole number >= {minimum}",
+                      f"set {field} to a whole number >= {minimum}")
+    return value
+
+
+def normalize_cluster(name, raw):
+    """Merge defaults under one cluster's ``pd_cluster`` dict and convert sizes to bytes.
+
+    Returns the normalized cluster of docs/design.md. Raises PdError for values that cannot be
+    interpreted at all (shape errors are the JSON Schema's job and are reported before this runs).
+    """
+    if not isinstance(name, str) or not name:
+        raise PdError("pd_normalize_cluster", "name", f"{name!r} is not a cluster name",
+                      "give every cluster group_vars a pd_cluster.name equal to its group name")
+    if not isinstance(raw, dict):
+        raise PdError(name, "pd_cluster", f"expected a mapping, got {type(raw).__name__}",
+                      f"define pd_cluster as a dict in group_vars/{name}.yml")
+    base = defaults()
+    raw = {k: v for k, v in raw.items() if k not in ROLES}
+    cluster = deep_merge(base["cluster"], raw)
+    cluster["name"] = name
+    for key in ("vllm_ascend_version", "image"):
+        if not cluster.get(key):
+            raise PdError(name, key, "is required", f"set pd_cluster.{key} in group_vars/{name}.yml")
+    if not (cluster.get("model") or {}).get("path"):
+        raise PdError(name, "model.path", "is required",
+                      f"set pd_cluster.model.path (the model directory on every host) in group_vars/{name}.yml")
+    cluster["vllm_ascend_version"] = str(cluster["vllm_ascend_version"])
+    return cluster
+
+
+def normalize(name, raw):
+    """Full normalization of one cluster: cluster keys plus both roles (sizes as bytes)."""
+    cluster = normalize_cluster(name, raw)
+    base = defaults()
+    cluster["roles"] = {}
+    for role in ROLES:
+        override = (raw or {}).get(role) or {}
+        if not isinstance(override, dict):
+            raise PdError(name, role, f"expected a mapping, got {type(override).__name__}",
+                          f"write pd_cluster.{role} as a dict of role keys")
+        merged = deep_merge(deep_merge(base["role_common"], base[role]), override)
+        where = _where(name, role)
+        merged["role"] = role
+        merged["cpu_offload_bytes"] = sizes.to_bytes(
+            merged.pop("cpu_offload"), field=f"{role}.cpu_offload", where=where)
+        shm = merged.pop("shm_size")
+        merged["shm_size_bytes"] = None if shm is None else sizes.to_bytes(
+            shm, field=f"{role}.shm_size", where=where)
+        for key in ("instances", "dp", "tp"):
+            _require_int(merged[key], where, f"{role}.{key}", minimum=1)
+        cluster["roles"][role] = merged
+    cluster["env_common"] = base["env_common"]
+    return cluster
+
+
+def host_record(name, role, hostvars_subset):
+    """Build the host record of docs/design.md from a host's pd_* variables (plain dict)."""
+    base = defaults()["host"]
+    hv = hostvars_subset or {}
+    where = name
+
+    def pick(key, default):
+        value = hv.get(key)
+        return default if value is None else value
+
+    npus = _require_int(pick("pd_npus", base["npus"]), where, "pd_npus", minimum=1)
+    npu_first = _require_int(pick("pd_npu_first", base["npu_first"]), where, "pd_npu_first")
+    return {
+        "name": name,
+        "role": role,
+        "address": str(pick("pd_host_address", hv.get("ansible_host") or name)),
+        "npus": npus,
+        "npu_first": npu_first,
+        "hbm_per_npu_bytes": sizes.to_bytes(pick("pd_hbm_per_npu", base["hbm_per_npu"]),
+                                            field="pd_hbm_per_npu", where=where),
+        "ram_bytes": sizes.to_bytes(pick("pd_host_ram", base["ram"]), field="pd_host_ram", where=where),
+        "ram_reserve_bytes": sizes.to_bytes(pick("pd_host_ram_reserve", base["ram_reserve"]),
+                                            field="pd_host_ram_reserve", where=where),
+        "hccl_if": str(pick("pd_hccl_if", base["hccl_if"])),
+        "ascend_root": str(pick("pd_ascend_root", base["ascend_root"])).rstrip("/"),
+    }
+
+
+def topology(cluster, hosts):
+    """Place every DP rank of every instance on hosts; return (topology, problems).
+
+    Ranks fill the role's hosts in inventory order, ``npus // tp`` ranks per host. An instance may
+    span hosts. Problems (not enough NPUs, tp not dividing a host) are returned as violation dicts
+    instead of raised, so that they are reported together with every other rule.
+    """
+    name = cluster["name"]
+    problems = []
+    topo = {"instances": [], "hosts": {h["name"]: dict(h, ranks=[]) for h in hosts}}
+    engine_id = 0
+    for role in ROLES:
+        rcfg = cluster["roles"][role]
+        dp, tp, count = rcfg["dp"], rcfg["tp"], rcfg["instances"]
+        role_hosts = [h for h in hosts if h["role"] == role]
+        slots = []  # (host, first device) in fill order
+        for host in role_hosts:
+            if host["npus"] % tp:
+                problems.append(_problem(
+                    f"{name}/{role}@{host['name']}", f"{role}.tp",
+                    f"tp {tp} does not divide the host's {host['npus']} NPUs",
+                    "choose tp that divides pd_npus (4 or 8 on an 8-NPU host)"))
+            for slot in range(host["npus"] // tp):
+                slots.append((host, host["npu_first"] + slot * tp))
+        needed = count * dp
+        if needed > len(slots):
+            problems.append(_problem(
+                f"{name}/{role}", f"{role}.instances",
+                f"{count} instance(s) of DP{dp} x TP{tp} need {needed * tp} NPUs but the {role} hosts "
+                f"({', '.join(h['name'] for h in role_hosts) or 'none'}) have {len(slots) * tp} usable",
+                f"add hosts to the '{role}' group of {name} or lower {role}.instances / dp"))
+        elif needed < len(slots):
+            problems.append(_problem(
+                f"{name}/{role}", f"{role}.instances",
+                f"{len(slots) - needed} DP slot(s) of TP{tp} on the {role} hosts stay unused",
+                "raise instances or dp, or remove the spare host from the group", level="warning"))
+        for index in range(count):
+            inst = {
+                "role": role, "index": index, "engine_id": str(engine_id), "dp": dp, "tp": tp,
+                "kv_port": rcfg["kv_port"] + index * dp * tp,
+                "dp_rpc_port": rcfg["dp_rpc_port"] + index,
+                "hosts": [], "ranks": [],
+            }
+            engine_id += 1
+            for dp_rank in range(dp):
+                pos = index * dp + dp_rank
+                if pos >= len(slots):
+                    break
+                host, first = slots[pos]
+                rank = {
+                    "role": role, "instance": index, "dp_rank": dp_rank, "host": host["name"],
+                    "address": host["address"], "devices": list(range(first, first + tp)),
+                    "port": rcfg["port_base"] + index * dp + dp_rank,
+                    "container": f"pd-{name}-{role}{index}-dp{dp_rank}",
+                }
+                inst["ranks"].append(rank)
+                if host["name"] not in inst["hosts"]:
+                    inst["hosts"].append(host["name"])
+                topo["hosts"][host["name"]]["ranks"].append(rank)
+            inst["dp_address"] = inst["ranks"][0]["address"] if inst["ranks"] else None
+            topo["instances"].append(inst)
+    return topo, problems
+
+
+def _problem(where, field, message, fix, level="error"):
+    return {"level": level, "where": where, "field": field, "message": message, "fix": fix}
+
+
+def role_topology(cluster, role):
+    """Return ``{"dp_size": .., "tp_size": ..}`` of a role, as Mooncake's extra config wants it."""
+    rcfg = cluster["roles"][role]
+    return {"dp_size": rcfg["dp"], "tp_size": rcfg["tp"]}
+
+
+def offload_bytes(cluster, role, host):
+    """Bytes the role's offload connector gets per container on ``host``, and pinned bytes.
+
+    Returns ``(connector_value, pinned_bytes_per_container)`` or ``(None, 0)`` without offload.
+    RecomputeCPUOffloadConnector takes bytes per NPU rank (host total / NPUs the role's ranks use
+    on the host); OffloadingConnector takes bytes per engine (host total / DP ranks on the host). See
+    docs/design.md "Offload arithmetic".
+    """
+    rcfg = cluster["roles"][role]
+    kind = rcfg["offload_connector"]
+    total = rcfg["cpu_offload_bytes"]
+    if kind == "none" or not total:
+        return None, 0
+    where = f"{cluster['name']}/{role}@{host['name']}"
+    # DP ranks of this role placed on the host (a topology host record lists them); a host with
+    # spare NPU slots still gives its whole cpu_offload to the ranks it really runs
+    placed = sum(1 for r in host.get("ranks") or [] if r.get("role") == role)
+    if kind == "RecomputeCPUOffloadConnector":
+        npus_used = placed * rcfg["tp"] if placed else host["npus"]
+        per_rank = sizes.split_per_rank(total, npus_used, where=where)
+        return per_rank, per_rank * rcfg["tp"]
+    engines = placed or max(1, host["npus"] // rcfg["tp"])
+    per_engine = sizes.split_per_rank(total, engines, where=where)
+    return per_engine, per_engine
+
+
+def shm_bytes(rcfg, pinned):
+    """shm size of a container: the operator's value, else pinned x 1.28 rounded up to GiB."""
+    if rcfg["shm_size_bytes"] is not None:
+        return rcfg["shm_size_bytes"]
+    return max(SHM_MIN_BYTES, math.ceil(pinned * SHM_HEADROOM / GIB) * GIB)
+
+
+def _flag_args(engine, role_name):
+    args = [
+        "--max-model-len", str(engine["max_model_len"]),
+        "--max-num-seqs", str(engine["max_num_seqs"]),
+        "--max-num-batched-tokens", str(engine["max_num_batched_tokens"]),
+        "--gpu-memory-utilization", str(engine["gpu_memory_utilization"]),
+        "--block-size", str(engine["block_size"]),
+        "--enable-prefix-caching" if engine["enable_prefix_caching"] else "--no-enable-prefix-caching",
+        "--disable-hybrid-kv-cache-manager" if engine["disable_hybrid_kv_cache_manager"]
+        else "--no-disable-hybrid-kv-cache-manager",
+    ]
+    if engine["max_num_partial_prefills"] != 1:
+        args += ["--max-num-partial-prefills", str(engine["max_num_partial_prefills"]),
+                 "--max-long-partial-prefills", str(engine["max_long_partial_prefills"]),
+                 "--long-prefill-token-threshold", str(engine["long_prefill_token_threshold"])]
+    if engine["enforce_eager"]:
+        args.append("--enforce-eager")
+    if engine["trust_remote_code"]:
+        args.append("--trust-remote-code")
+    if engine["num_speculative_tokens"]:
+        args += ["--speculative-config", compact_json(
+            {"num_speculative_tokens": engine["num_speculative_tokens"], "method": "deepseek_mtp"})]
+    return args
+
+
+def compact_json(value):
+    """JSON as the engine flags carry it: compact, keys in the builder's order."""
+    return json.dumps(value, separators=(",", ":"))
+
+
+def spec_hash(spec):
+    """sha256 of a launch spec without its labels (what the engine role compares)."""
+    body = {k: v for k, v in spec.items() if k != "labels"}
+    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+
+
+def _labels(cluster, spec, extra):
+    labels = {
+        "pd.cluster": cluster["name"],
+        "pd.role": spec["role"],
+        "pd.vllm-ascend-version": cluster["vllm_ascend_version"],
+        "pd.managed-by": "pd-deploy",
+    }
+    labels.update(extra)
+    labels["pd.spec-hash"] = spec_hash(spec)
+    return labels
+
+
+def rank_spec(cluster, inst, rank, host):
+    """The launch spec of one engine rank (docs/design.md): argv, env, devices, mounts, shm."""
+    role = rank["role"]
+    rcfg = cluster["roles"][role]
+    engine = rcfg["engine"]
+    row = versions.version_row(cluster["vllm_ascend_version"])
+    per_container, pinned = offload_bytes(cluster, role, host)
+    kv_cfg = connectors.kv_transfer_config(rcfg, cluster, inst, row, per_container)
+    add_cfg = connectors.additional_config(rcfg, row)
+    command = [
+        "vllm", "serve", cluster["model"]["path"],
+        "--served-model-name", cluster["model"]["served_name"],
+        "--host", cluster["bind_host"], "--port", str(rank["port"]),
+        "--data-parallel-size", str(inst["dp"]), "--data-parallel-rank", str(rank["dp_rank"]),
+        "--data-parallel-address", inst["dp_address"],
+        "--data-parallel-rpc-port", str(inst["dp_rpc_port"]),
+        "--tensor-parallel-size", str(inst["tp"]),
+    ] + _flag_args(engine, role)
+    if kv_cfg:
+        command += ["--kv-transfer-config", compact_json(kv_cfg)]
+    if add_cfg:
+        command += ["--additional-config", compact_json(add_cfg)]
+    command += [str(a) for a in engine["extra_args"]]
+    env = dict(cluster["env_common"])
+    env.update({
+        "ASCEND_RT_VISIBLE_DEVICES": ",".join(str(d) for d in rank["devices"]),
+        "HCCL_IF_IP": host["address"],
+        "GLOO_SOCKET_IFNAME": host["hccl_if"],
+        "TP_SOCKET_IFNAME": host["hccl_if"],
+        "HCCL_SOCKET_IFNAME": host["hccl_if"],
+    })
+    if engine["enable_prefix_caching"] and engine["prefix_cache_retention_interval"] is not None:
+        env["VLLM_PREFIX_CACHE_RETENTION_INTERVAL"] = str(engine["prefix_cache_retention_interval"])
+    env.update({str(k): str(v) for k, v in (rcfg["env"] or {}).items()})
+    root = host["ascend_root"]
+    devices = [f"{root}/dev/davinci{d}:/dev/davinci{d}" for d in rank["devices"]]
+    devices += [f"{root}{d}:{d}" for d in ASCEND_CONTROL_DEVICES]
+    volumes = [f"{root}{m}:{m}:ro" for m in ASCEND_MOUNTS]
+    volumes.append(f"{cluster['model']['path']}:{cluster['model']['path']}:ro")
+    spec = {
+        "name": rank["container"],
+        "kind": "engine",
+        "cluster": cluster["name"],
+        "role": role,
+        "instance": rank["instance"],
+        "engine_id": inst["engine_id"],
+        "dp_rank": rank["dp_rank"],
+        "host": host["name"],
+        "image": cluster["image"],
+        "command": command,
+        "env": env,
+        "devices": devices,
+        "volumes": volumes,
+        "shm_size_bytes": shm_bytes(rcfg, pinned),
+        "pinned_offload_bytes": pinned,
+        "network_mode": "host",
+        "privileged": bool(rcfg["privileged"]),
+        "restart_policy": cluster["restart_policy"],
+        "ports": {"http": rank["port"], "kv": [inst["kv_port"], inst["kv_port"] + inst["dp"] * inst["tp"]],
+                  "dp_rpc": inst["dp_rpc_port"]},
+        "health_url": f"http://127.0.0.1:{rank['port']}/health",
+        "health_timeout_s": cluster["health_timeout_s"],
+    }
+    spec["labels"] = _labels(cluster, spec, {"pd.instance": str(rank["instance"]),
+                                             "pd.dp-rank": str(rank["dp_rank"])})
+    return spec
+
+
+def proxy_spec(cluster, topo):
+    """Launch spec of the cluster's PD proxy, wired to every prefill and decode rank."""
+    name = cluster["name"]
+    proxy = cluster["proxy"]
+    host_name = proxy["host"] or next(
+        (h for h, rec in topo["hosts"].items() if rec["role"] == "prefill"), None)
+    if host_name not in topo["hosts"]:
+        raise PdError(name, "proxy.host", f"{host_name!r} is not a host of this cluster",
+                      f"set pd_cluster.proxy.host to one of: {', '.join(topo['hosts'])}")
+    ranks = {role: [r for i in topo["instances"] if i["role"] == role for r in i["ranks"]]
+             for role in ROLES}
+    command = ["python3", proxy["script"], "--host", cluster["bind_host"], "--port", str(proxy["port"]),
+               "--prefiller-hosts", *[r["address"] for r in ranks["prefill"]],
+               "--prefiller-ports", *[str(r["port"]) for r in ranks["prefill"]],
+               "--decoder-hosts", *[r["address"] for r in ranks["decode"]],
+               "--decoder-ports", *[str(r["port"]) for r in ranks["decode"]],
+               "--max-retries", str(proxy["max_retries"]), "--retry-delay", str(proxy["retry_delay"])]
+    spec = {
+        "name": f"pd-{name}-proxy",
+        "kind": "proxy",
+        "cluster": name,
+        "role": "proxy",
+        "host": host_name,
+        "image": cluster["image"],
+        "command": command,
+        "env": {},
+        "devices": [],
+        "volumes": [],
+        "shm_size_bytes": None,
+        "pinned_offload_bytes": 0,
+        "network_mode": "host",
+        "privileged": False,
+        "restart_policy": cluster["restart_policy"],
+        "ports": {"http": proxy["port"]},
+        "health_url": f"http://127.0.0.1:{proxy['port']}/healthcheck",
+        "health_timeout_s": 300,
+    }
+    spec["labels"] = _labels(cluster, spec, {})
+    return spec

@@ -1,0 +1,96 @@
+"""Human-readable views of a fleet plan: the failure message and the capacity summary."""
+
+import json
+
+from pd_deploy import sizes
+
+
+def plan_failure_message(plan):
+    """The validate play's failure text: counts, then every violation on its own line."""
+    errors = [v for v in plan["violations"] if v["level"] == "error"]
+    warnings = [v for v in plan["violations"] if v["level"] != "error"]
+    head = (f"The inventory breaks {len(errors)} rule(s) (and has {len(warnings)} warning(s)); "
+            "no host was touched. Fix these and run again:")
+    return "\n".join([head] + ["  " + m for m in plan["messages"]])
+
+
+def _h(n):
+    return sizes.to_human(n) if n else "0"
+
+
+def capacity_markdown(name, summary):
+    """One cluster's capacity summary as a Markdown table (configured estimate)."""
+    cap = summary.get("capacity") or {}
+    lines = [f"## {name} (vllm-ascend {summary.get('vllm_ascend_version')})", "",
+             "Configured estimate: HBM x gpu_memory_utilization x kv_cache_share "
+             "(run playbooks/baseline.yml for measured bytes per token).", "",
+             "| | prefill | decode |", "| --- | --- | --- |"]
+    rows = [
+        ("instances x DP x TP", lambda e: f"{e['instances']} x {e['dp']} x {e['tp']}"),
+        ("engine ranks (containers)", lambda e: str(e["ranks"])),
+        ("KV budget per host", lambda e: _h(e["kv_budget_per_host_bytes"])),
+        ("KV budget per DP group", lambda e: _h(e["kv_budget_per_dp_group_bytes"])),
+        ("max-num-seqs per DP group", lambda e: str(e["max_num_seqs_per_dp_group"])),
+        ("max-num-batched-tokens", lambda e: str(e["max_num_batched_tokens"])),
+        ("concurrency cap (seqs x DP x instances)", lambda e: str(e["total_concurrency_cap"])),
+        ("expected P concurrency per instance",
+         lambda e: str(e["expected_concurrency_per_instance"]["concurrency"]) if "expected_concurrency_per_instance" in e else "-"),
+        ("recommended batched tokens",
+         lambda e: str(e["recommended_batched_tokens"]["recommended"]) if "recommended_batched_tokens" in e else "-"),
+        ("offload connector", lambda e: e["offload_connector"]),
+        ("offload per host", lambda e: _h(e["offload_host_total_bytes"])),
+        ("pinned per container", lambda e: _h(e["pinned_per_container_bytes"])),
+        ("shm per container", lambda e: _h(e["shm_per_container_bytes"])),
+        ("min RAM headroom (RAM - pinned)", lambda e: _h(min(e["ram_headroom_bytes"].values()))),
+    ]
+    for label, fn in rows:
+        cells = [fn(cap[r]) if r in cap else "-" for r in ("prefill", "decode")]
+        lines.append(f"| {label} | {cells[0]} | {cells[1]} |")
+    if summary.get("proxy"):
+        lines += ["", f"Proxy: {summary['proxy']['host']}:{summary['proxy']['ports']['http']}"]
+    return "\n".join(lines) + "\n"
+
+
+def capacity_lines(plan):
+    """Capacity summaries of every cluster as a list of lines (for ansible's debug output)."""
+    out = []
+    for name, summary in plan["clusters"].items():
+        out.extend(capacity_markdown(name, summary).splitlines())
+        out.append("")
+    return out
+
+
+def capacity_files(plan):
+    """[{cluster, file, content}] for build/render/<cluster>/capacity.{json,md}."""
+    out = []
+    for name, summary in plan["clusters"].items():
+        body = {"cluster": name, "estimate": "configured", "capacity": summary.get("capacity"),
+                "ranks": summary.get("ranks"), "proxy": (summary.get("proxy") or {}).get("name")}
+        out.append({"cluster": name, "file": "capacity.json", "content": json.dumps(body, indent=2) + "\n"})
+        out.append({"cluster": name, "file": "capacity.md", "content": capacity_markdown(name, summary)})
+    return out
+
+
+def rollout_summary(plan, play_hosts):
+    """Lines naming, per cluster touched by the play, each container with its host and port."""
+    out = []
+    hosts = set(play_hosts or [])
+    for name, summary in plan["clusters"].items():
+        if not hosts.intersection(summary["hosts"]):
+            continue
+        out.append(f"{name}:")
+        for host in summary["hosts"]:
+            for spec in plan["hosts"][host]["specs"]:
+                out.append(f"  {spec['name']} on {host} port {spec['ports']['http']}")
+        proxy = summary.get("proxy")
+        if proxy:
+            out.append(f"  proxy {proxy['name']} on {proxy['host']} port {proxy['ports']['http']}")
+    return out
+
+
+FILTERS = {
+    "pd_rollout_summary": rollout_summary,
+    "pd_plan_failure_message": plan_failure_message,
+    "pd_capacity_lines": capacity_lines,
+    "pd_capacity_files": capacity_files,
+}
