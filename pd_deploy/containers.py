@@ -83,7 +83,7 @@ def spec_ports(spec):
         out.append(ports["dp_rpc"])
     if "kv" in ports:
         low, high = ports["kv"]
-        out.extend(range(low, high + 1))
+        out.extend(range(low, high))  # [kv_port, kv_port + dp*tp): the next instance starts at the end
     return out
 
 

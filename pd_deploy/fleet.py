@@ -51,7 +51,9 @@ def shape_violations(instance, schema_name, where, prefix=""):
             continue
         field = ".".join(p for p in (prefix, path) if p) or prefix or "(top level)"
         if err.validator == "required":
-            fix = "add the missing key"
+            missing = [k for k in err.validator_value if k not in (err.instance or {})]
+            field = ".".join(p for p in (prefix, path, missing[0] if missing else "") if p)
+            fix = f"add the key {missing[0] if missing else ''} (see inventories/example)"
         else:
             fix = f"see schemas/{schema_name} for the accepted values"
         out.append(_v("error", where, field, err.message, fix))

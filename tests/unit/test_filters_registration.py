@@ -1,0 +1,106 @@
+"""filter_plugins/pd.py: every core filter is registered under a pd_ name, and works through real
+Ansible templating with the types it promises."""
+
+import importlib.util
+import inspect
+import os
+
+import pytest
+
+from pd_deploy import (capacity, connectors, containers, fleet, logparse, prechecks, report, rules, sizes,
+                       versions)
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+PLUGIN_DIR = os.path.join(REPO, "filter_plugins")
+MODULES = (sizes, capacity, logparse, versions, connectors, rules, fleet, containers, report, prechecks)
+GIB = 1024 ** 3
+
+
+def load_plugin():
+    spec = importlib.util.spec_from_file_location("pd_filter_plugin_under_test", os.path.join(PLUGIN_DIR, "pd.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+PLUGIN = load_plugin()
+FILTERS = PLUGIN.FilterModule().filters()
+
+
+@pytest.mark.parametrize("module", MODULES, ids=lambda m: m.__name__)
+def test_every_module_filter_is_registered_as_the_same_function(module):
+    assert module.FILTERS, f"{module.__name__} exports no filters"
+    for name, func in module.FILTERS.items():
+        assert FILTERS.get(name) is func, f"{name} of {module.__name__} is not registered"
+
+
+def test_no_two_modules_claim_the_same_filter_name():
+    names = [n for m in MODULES for n in m.FILTERS] + ["pd_fleet_input", "pd_plan_from_hostvars"]
+    assert len(names) == len(set(names))
+    assert set(FILTERS) == set(names)
+
+
+@pytest.mark.parametrize("name", sorted(FILTERS))
+def test_every_filter_is_a_pd_named_documented_callable(name):
+    func = FILTERS[name]
+    assert name.startswith("pd_")
+    assert callable(func)
+    assert (inspect.getdoc(func) or "").strip(), f"{name} has no docstring"
+
+
+def test_filters_returns_a_fresh_mapping():
+    first = PLUGIN.FilterModule().filters()
+    first["pd_to_bytes"] = None
+    assert PLUGIN.FilterModule().filters()["pd_to_bytes"] is sizes.to_bytes
+
+
+def test_fleet_input_reads_only_pd_variables_from_hostvars():
+    hostvars = {"h1": {"pd_cluster": {"name": "c"}, "pd_npus": 8, "ansible_host": "10.0.0.1",
+                       "group_names": ["c", "prefill"], "secret_password": "x"}}
+    got = PLUGIN.fleet_input(hostvars, ["h1"], limit=("h1",))
+    assert got == {"hosts": [{"name": "h1", "groups": ["c", "prefill"],
+                              "vars": {"pd_cluster": {"name": "c"}, "pd_npus": 8, "ansible_host": "10.0.0.1"}}],
+                   "limit": ["h1"]}
+
+
+# ---- through Ansible's own templating -----------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def templar():
+    from ansible.parsing.dataloader import DataLoader
+    from ansible.plugins.loader import filter_loader
+    from ansible.template import Templar
+
+    filter_loader.add_directory(PLUGIN_DIR)
+    return Templar(loader=DataLoader(), variables={"offload": "200GiB", "npus": 8})
+
+
+def render(templar, text):
+    from ansible.template import trust_as_template
+
+    return templar.template(trust_as_template(text))
+
+
+@pytest.mark.ansible
+def test_split_per_rank_through_ansible_gives_an_int(templar):
+    value = render(templar, "{{ offload | pd_split_per_rank(npus) }}")
+    assert value == 200 * GIB // 8 == 26843545600
+    assert type(value) is int
+    assert render(templar, '{{ "200GiB" | pd_split_per_rank(8) | type_debug }}') == "int"
+
+
+@pytest.mark.ansible
+def test_to_bytes_through_ansible_supports_arithmetic(templar):
+    assert render(templar, '{{ ("1.5G" | pd_to_bytes) + 1 }}') == 3 * GIB // 2 + 1
+    assert render(templar, '{{ {"shm": "256g" | pd_to_bytes, "human": 274877906944 | pd_to_human} }}') == {
+        "shm": 256 * GIB, "human": "256GiB"}
+
+
+@pytest.mark.ansible
+def test_a_bad_value_through_ansible_is_a_readable_error_naming_the_filter(templar):
+    with pytest.raises(Exception) as info:
+        render(templar, '{{ "200GiB" | pd_split_per_rank(7) }}')
+    text = str(info.value)
+    assert "pd_split_per_rank: total:" in text
+    assert "does not divide over 7 ranks" in text
+    assert "Traceback" not in text

@@ -1,0 +1,313 @@
+"""pd_deploy.fleet.plan_fleet on plain fleet dicts (what validate.yml hands it from hostvars).
+
+A fleet is {"hosts": [{name, groups, vars}], "limit": [...] | None}; each host's vars carry its
+cluster's pd_cluster (from group_vars) and its own pd_* host variables.
+"""
+
+import copy
+
+import pytest
+
+from pd_deploy import fleet
+
+
+# ---- helpers ------------------------------------------------------------------------------------
+
+def cluster_a():
+    """The article's cluster (inventories/example/group_vars/cluster_a.yml, in short)."""
+    return {
+        "name": "cluster_a", "vllm_ascend_version": "0.25.1", "image": "quay.io/ascend/vllm-ascend:v0.25.1",
+        "model": {"path": "/data/models/DeepSeek-V4-Flash"},
+        "prefill": {"offload_connector": "OffloadingConnector", "cpu_offload": "200GiB"},
+        "decode": {"offload_connector": "RecomputeCPUOffloadConnector", "cpu_offload": "200GiB",
+                   "recompute_scheduler": True},
+    }
+
+
+def cluster_b():
+    """DP4 x TP4 decode over two hosts, MooncakeHybridConnector, block 128."""
+    return {
+        "name": "cluster_b", "vllm_ascend_version": "0.25.1", "image": "quay.io/ascend/vllm-ascend:v0.25.1",
+        "model": {"path": "/data/models/DeepSeek-V4-Flash"},
+        "mooncake_connector": "MooncakeHybridConnector",
+        "prefill": {"engine": {"block_size": 128, "prefix_cache_retention_interval": 16384}},
+        "decode": {"dp": 4, "engine": {"block_size": 128}},
+    }
+
+
+def member(name, cluster, role, raw, address, **hv):
+    groups = ["pd_clusters", cluster] + ([role] if isinstance(role, str) else list(role))
+    return {"name": name, "groups": groups,
+            "vars": dict({"pd_cluster": raw, "pd_host_address": address, "pd_host_ram": "1TiB"}, **hv)}
+
+
+def example_fleet(a=None, b=None, limit=None):
+    a = cluster_a() if a is None else a
+    b = cluster_b() if b is None else b
+    return {"hosts": [
+        member("a-p0", "cluster_a", "prefill", a, "10.0.0.11"),
+        member("a-d0", "cluster_a", "decode", a, "10.0.0.12"),
+        member("b-p0", "cluster_b", "prefill", b, "10.0.1.11"),
+        member("b-d0", "cluster_b", "decode", b, "10.0.1.12"),
+        member("b-d1", "cluster_b", "decode", b, "10.0.1.13"),
+    ], "limit": limit}
+
+
+def errors(plan):
+    return [v for v in plan["violations"] if v["level"] == "error"]
+
+
+def find(plan, field, where=None, level="error"):
+    return [v for v in plan["violations"]
+            if v["field"] == field and v["level"] == level and (where is None or v["where"] == where)]
+
+
+# ---- a good fleet -------------------------------------------------------------------------------
+
+def test_good_fleet_is_ok_and_places_every_rank():
+    plan = fleet.plan_fleet(example_fleet())
+    assert errors(plan) == []
+    assert plan["ok"] is True
+    assert set(plan["hosts"]) == {"a-p0", "a-d0", "b-p0", "b-d0", "b-d1"}
+    names = {h: sorted(s["name"] for s in rec["specs"]) for h, rec in plan["hosts"].items()}
+    assert names["a-d0"] == ["pd-cluster_a-decode0-dp0", "pd-cluster_a-decode0-dp1"]
+    assert names["b-d1"] == ["pd-cluster_b-decode0-dp2", "pd-cluster_b-decode0-dp3"]
+    # the proxy lives on the first prefill host of each cluster
+    assert plan["hosts"]["a-p0"]["proxy"]["name"] == "pd-cluster_a-proxy"
+    assert plan["hosts"]["b-p0"]["proxy"]["name"] == "pd-cluster_b-proxy"
+    assert plan["hosts"]["a-d0"]["proxy"] is None
+    assert plan["clusters"]["cluster_b"]["hosts"] == ["b-p0", "b-d0", "b-d1"]
+    assert len(plan["clusters"]["cluster_b"]["ranks"]) == 2 + 4
+    assert plan["messages"] == [m for m in plan["messages"] if m.startswith("WARNING ")]
+
+
+def test_warnings_alone_keep_the_fleet_ok():
+    a = cluster_a()
+    a["decode"]["engine"] = {"gpu_memory_utilization": 0.9}   # benchmark ceiling: a warning
+    plan = fleet.plan_fleet(example_fleet(a=a))
+    assert find(plan, "decode.engine.gpu_memory_utilization", level="warning")
+    assert plan["ok"] is True
+
+
+def test_fleet_not_ok_on_any_error():
+    a = cluster_a()
+    a["decode"]["engine"] = {"gpu_memory_utilization": 0.96}
+    plan = fleet.plan_fleet(example_fleet(a=a))
+    assert plan["ok"] is False
+    assert any(m.startswith("ERROR cluster_a/decode: decode.engine.gpu_memory_utilization: ") for m in plan["messages"])
+
+
+# ---- everything at once -------------------------------------------------------------------------
+
+def test_all_violations_of_all_clusters_come_back_together():
+    a = cluster_a()
+    a["prefill"]["recompute_scheduler"] = True                     # rule error in cluster_a
+    a["decode"]["engine"] = {"gpu_memory_utilization": 0.96}         # another rule error in cluster_a
+    b = cluster_b()
+    b["decode"]["engine"]["blok_size"] = 128                         # schema error in cluster_b
+    f = example_fleet(a=a, b=b)
+    f["hosts"].append(member("x-0", "cluster_a", ["prefill", "decode"], a, "10.0.0.99"))  # both role groups
+    stray = member("y-0", "cluster_b", "decode", dict(cluster_b(), name="cluster_z"), "10.0.1.99")
+    f["hosts"].append(stray)                                         # pd_cluster.name not its group
+    plan = fleet.plan_fleet(f)
+    assert plan["ok"] is False
+    assert find(plan, "prefill.recompute_scheduler", "cluster_a/prefill")
+    assert find(plan, "decode.engine.gpu_memory_utilization", "cluster_a/decode")
+    assert find(plan, "decode.engine.blok_size", "cluster_b")
+    assert find(plan, "groups", "x-0")
+    assert find(plan, "pd_cluster.name", "y-0")
+    assert len(plan["messages"]) == len(plan["violations"])
+
+
+def test_a_broken_cluster_renders_nothing_while_the_other_still_plans():
+    a = cluster_a()
+    a["decode"]["engine"] = {"blok_size": 32}
+    plan = fleet.plan_fleet(example_fleet(a=a))
+    assert plan["hosts"]["a-d0"]["specs"] == [] and plan["hosts"]["a-p0"]["proxy"] is None
+    assert len(plan["hosts"]["b-d0"]["specs"]) == 2
+
+
+# ---- schema errors ------------------------------------------------------------------------------
+
+def test_typo_key_is_reported_with_its_full_dotted_path():
+    a = cluster_a()
+    a["prefill"]["engine"] = {"blok_size": 32}
+    plan = fleet.plan_fleet(example_fleet(a=a))
+    found = find(plan, "prefill.engine.blok_size", "cluster_a")
+    assert len(found) == 1
+    assert "blok_size" in found[0]["message"]
+    assert "remove or rename the key" in found[0]["fix"]
+    assert "ERROR cluster_a: prefill.engine.blok_size: " in "\n".join(plan["messages"])
+
+
+def test_two_typos_in_one_mapping_are_two_violations():
+    a = cluster_a()
+    a["proxy"] = {"prot": 8000, "hots": "a-p0"}
+    plan = fleet.plan_fleet(example_fleet(a=a))
+    assert find(plan, "proxy.prot", "cluster_a") and find(plan, "proxy.hots", "cluster_a")
+
+
+def test_wrong_types_and_values_name_their_field():
+    a = cluster_a()
+    a["decode"]["dp"] = "2"
+    a["prefill"]["engine"] = {"block_size": 48}
+    a["mooncake_connector"] = "Mooncake"
+    plan = fleet.plan_fleet(example_fleet(a=a))
+    for field in ("decode.dp", "prefill.engine.block_size", "mooncake_connector"):
+        found = find(plan, field, "cluster_a")
+        assert found, field
+        assert "schemas/cluster.schema.json" in found[0]["fix"]
+
+
+def test_missing_required_key_is_reported():
+    a = cluster_a()
+    del a["image"]
+    plan = fleet.plan_fleet(example_fleet(a=a))
+    assert any("'image' is a required property" in v["message"] and v["where"] == "cluster_a"
+               for v in errors(plan))
+
+
+def test_bad_host_variable_names_the_host_and_the_variable():
+    f = example_fleet()
+    f["hosts"][1]["vars"]["pd_npus"] = 6
+    plan = fleet.plan_fleet(f)
+    found = find(plan, "pd_npus", "a-d0")
+    assert found and "6" in found[0]["message"]
+
+
+# ---- group membership ---------------------------------------------------------------------------
+
+def test_host_in_neither_role_group():
+    f = example_fleet()
+    f["hosts"][4]["groups"] = ["pd_clusters", "cluster_b"]
+    plan = fleet.plan_fleet(f)
+    found = find(plan, "groups", "b-d1")
+    assert len(found) == 1 and "neither" in found[0]["message"]
+    assert "exactly one of the groups 'prefill' and 'decode'" in found[0]["fix"]
+    # b-d1's NPUs are missing from cluster_b's decode: DP4 x TP4 no longer fits
+    assert find(plan, "decode.instances", "cluster_b/decode")
+
+
+def test_host_in_both_role_groups():
+    f = example_fleet()
+    f["hosts"][0]["groups"].append("decode")
+    plan = fleet.plan_fleet(f)
+    found = find(plan, "groups", "a-p0")
+    assert len(found) == 1 and "prefill and decode" in found[0]["message"]
+
+
+def test_cluster_name_must_be_a_group_of_the_host():
+    b = dict(cluster_b(), name="cluster_c")
+    plan = fleet.plan_fleet(example_fleet(b=b))
+    found = find(plan, "pd_cluster.name")
+    assert {v["where"] for v in found} == {"b-p0", "b-d0", "b-d1"}
+    assert "'cluster_c'" in found[0]["message"]
+    assert "group name" in found[0]["fix"]
+
+
+def test_host_without_pd_cluster():
+    f = example_fleet()
+    del f["hosts"][0]["vars"]["pd_cluster"]
+    plan = fleet.plan_fleet(f)
+    assert find(plan, "pd_cluster", "a-p0")
+
+
+def test_empty_fleet_is_an_error():
+    plan = fleet.plan_fleet({"hosts": [], "limit": None})
+    assert plan["ok"] is False
+    assert find(plan, "pd_clusters", "inventory")
+
+
+# ---- ports across clusters ----------------------------------------------------------------------
+
+def shared_address_fleet(b_prefill):
+    """cluster_a and a second cluster whose prefill host shares a-p0's address (one machine)."""
+    a = cluster_a()
+    c = {"name": "cluster_c", "vllm_ascend_version": "0.25.1", "image": "img:1",
+         "model": {"path": "/data/models/DeepSeek-V4-Flash"}, "proxy": {"port": 9000},
+         "prefill": b_prefill, "decode": {}}
+    return {"hosts": [
+        member("a-p0", "cluster_a", "prefill", a, "10.0.0.11"),
+        member("a-d0", "cluster_a", "decode", a, "10.0.0.12"),
+        member("c-p0", "cluster_c", "prefill", c, "10.0.0.11"),
+        member("c-d0", "cluster_c", "decode", c, "10.0.0.13"),
+    ], "limit": None}
+
+
+def collisions(plan):
+    return find(plan, "ports")
+
+
+def test_http_port_collision_across_two_clusters_on_one_address():
+    plan = fleet.plan_fleet(shared_address_fleet({"dp_rpc_port": 14000, "kv_port": 31000}))
+    found = collisions(plan)
+    # both prefill ranks of cluster_c reuse cluster_a's 8100 and 8101 on 10.0.0.11
+    assert len(found) == 2
+    text = "\n".join(v["message"] for v in found)
+    assert "pd-cluster_c-prefill0-dp0 and pd-cluster_a-prefill0-dp0 (cluster cluster_a) both use port(s) 8100 " in text
+    assert "pd-cluster_c-prefill0-dp1 and pd-cluster_a-prefill0-dp1 (cluster cluster_a) both use port(s) 8101 " in text
+    assert all("10.0.0.11" in v["message"] and v["where"] == "cluster_c@c-p0" for v in found)
+    assert all("port_base" in v["fix"] for v in found)
+    assert plan["ok"] is False
+
+
+def test_dp_rpc_port_collision_across_clusters():
+    plan = fleet.plan_fleet(shared_address_fleet({"port_base": 8500, "kv_port": 31000}))
+    found = collisions(plan)
+    assert len(found) == 1
+    assert "pd-cluster_c-prefill0-dp0" in found[0]["message"] and "13389" in found[0]["message"]
+
+
+def test_kv_port_range_collision_across_clusters():
+    plan = fleet.plan_fleet(shared_address_fleet({"port_base": 8500, "dp_rpc_port": 14000}))
+    found = collisions(plan)
+    assert found and all("30000" in v["message"] for v in found)
+    assert plan["ok"] is False
+
+
+def test_distinct_ports_on_a_shared_address_are_fine():
+    plan = fleet.plan_fleet(shared_address_fleet({"port_base": 8500, "dp_rpc_port": 14000, "kv_port": 31000}))
+    assert collisions(plan) == []
+    assert plan["ok"] is True, plan["messages"]
+
+
+def test_same_ports_on_different_addresses_are_fine():
+    # cluster_a and cluster_b use the same default ports on their own hosts
+    plan = fleet.plan_fleet(example_fleet())
+    assert collisions(plan) == []
+
+
+def test_collision_inside_one_cluster_is_reported_once():
+    raw = {"name": "local", "vllm_ascend_version": "0.25.1", "image": "img:1", "model": {"path": "/m"},
+           "decode": {"port_base": 8100}}
+    f = {"hosts": [member("l-p0", "local", "prefill", raw, "127.0.0.1"),
+                   member("l-d0", "local", "decode", raw, "127.0.0.1")], "limit": None}
+    plan = fleet.plan_fleet(f)
+    for port in (8100, 8101):
+        assert len([m for m in plan["messages"] if f"port {port} " in m]) == 1, plan["messages"]
+    assert plan["ok"] is False
+
+
+# ---- rollout batches ----------------------------------------------------------------------------
+
+def test_batches_are_consecutive_hosts_of_one_cluster():
+    plan = fleet.plan_fleet(example_fleet())
+    assert plan["batches"] == [2, 3]
+
+
+@pytest.mark.parametrize("limit, batches", [
+    (["b-p0", "b-d0", "b-d1"], [3]),
+    (["a-p0", "a-d0"], [2]),
+    (["a-p0", "b-p0"], [1, 1]),
+    (["a-d0", "b-d1", "b-d0"], [1, 2]),
+])
+def test_batches_follow_the_limit(limit, batches):
+    plan = fleet.plan_fleet(example_fleet(limit=limit))
+    assert plan["batches"] == batches
+
+
+def test_plan_does_not_modify_the_fleet():
+    f = example_fleet()
+    before = copy.deepcopy(f)
+    fleet.plan_fleet(f)
+    assert f == before

@@ -1,0 +1,172 @@
+"""pd_deploy.prechecks.problems: one message per failing fact, each starting with the host name.
+
+The launch specs are the real ones of the article's decode host (two DP ranks of TP4, 200GiB of
+Recompute offload = 100GiB pinned per container), so the facts are judged against what would run.
+"""
+
+import base64
+import copy
+
+import pytest
+
+from pd_deploy import model, prechecks
+
+GIB = 1024 ** 3
+KIB = 1024
+MODEL_PATH = "/data/models/DeepSeek-V4-Flash"
+HOST = "a-d0"
+RESERVE = 128 * GIB
+
+
+def decode_specs():
+    raw = {"name": "cluster_a", "vllm_ascend_version": "0.25.1", "image": "quay.io/ascend/vllm-ascend:v0.25.1",
+           "model": {"path": MODEL_PATH},
+           "decode": {"offload_connector": "RecomputeCPUOffloadConnector", "cpu_offload": "200GiB",
+                      "recompute_scheduler": True}}
+    cluster = model.normalize("cluster_a", raw)
+    hosts = [model.host_record("a-p0", "prefill", {"pd_host_address": "10.0.0.11"}),
+             model.host_record(HOST, "decode", {"pd_host_address": "10.0.0.12"})]
+    topo, _ = model.topology(cluster, hosts)
+    return [model.rank_spec(cluster, inst, rank, topo["hosts"][rank["host"]])
+            for inst in topo["instances"] for rank in inst["ranks"] if rank["host"] == HOST]
+
+
+SPECS = decode_specs()
+PINNED = sum(s["pinned_offload_bytes"] for s in SPECS)   # 2 x 100GiB
+
+NPU_SMI = """\
+\tTotal Count                    : 8
+
+\tNPU ID                         : 0
+\tChip Count                     : 1
+"""
+DF_OK = """\
+Filesystem     1024-blocks      Used  Available Capacity Mounted on
+/dev/nvme0n1p1  3750000000 100000000 3650000000       3% /data
+"""
+
+
+def meminfo(total_bytes):
+    return f"MemTotal:       {total_bytes // KIB} kB\nMemFree:        1000 kB\n"
+
+
+def good_facts():
+    stats = {}
+    for path in prechecks.required_paths(SPECS):
+        stats[path] = {"exists": True, "isdir": False, "ischr": path.startswith("/dev/")}
+    stats[MODEL_PATH] = {"exists": True, "isdir": True, "ischr": False}
+    return {
+        "host": HOST, "specs": copy.deepcopy(SPECS), "model_path": MODEL_PATH,
+        "docker_ok": True, "docker_msg": "",
+        "stats": stats,
+        "npu_smi_rc": 0, "npu_smi_stdout": NPU_SMI, "npus_needed": 8,
+        # slurp returns base64
+        "meminfo": base64.b64encode(meminfo(512 * GIB).encode()).decode(),
+        "ram_reserve_bytes": RESERVE,
+        "ss_stdout": "LISTEN 0      4096         0.0.0.0:22         0.0.0.0:*\n",
+        "df_stdout": DF_OK, "min_free_disk_bytes": 10 * GIB,
+        "images_missing": [], "own_running": [],
+    }
+
+
+def test_a_good_host_has_no_problem():
+    assert prechecks.problems(good_facts()) == []
+
+
+def test_required_paths_cover_the_ranks_devices_and_driver_mounts():
+    paths = prechecks.required_paths(SPECS)
+    for n in range(8):
+        assert f"/dev/davinci{n}" in paths
+    for path in ("/dev/davinci_manager", "/dev/devmm_svm", "/dev/hisi_hdc", "/usr/local/dcmi",
+                 "/usr/local/bin/npu-smi", "/etc/hccn.conf", MODEL_PATH):
+        assert path in paths
+    assert len(paths) == len(set(paths))
+
+
+def _set(key, value):
+    def change(facts):
+        facts[key] = value
+    return change
+
+
+def _stat(path, **st):
+    def change(facts):
+        facts["stats"][path] = st
+    return change
+
+
+CASES = [
+    ("docker down", _set("docker_ok", False), ["Docker engine not reachable", "systemctl start docker"]),
+    ("device node missing", _stat("/dev/davinci5", exists=False),
+     ["device node /dev/davinci5 is missing", "install the Ascend driver"]),
+    ("device not a char device", _stat("/dev/davinci_manager", exists=True, ischr=False),
+     ["/dev/davinci_manager exists but is not a character device"]),
+    ("driver file missing", _stat("/usr/local/Ascend/driver/lib64", exists=False),
+     ["driver path /usr/local/Ascend/driver/lib64 is missing"]),
+    ("npu-smi fails", _set("npu_smi_rc", 127), ["npu-smi info -l failed"]),
+    ("npu-smi count low", _set("npu_smi_stdout", NPU_SMI.replace(": 8", ": 4")),
+     ["npu-smi reports 4 NPUs but this host's ranks use 8", "pd_npus"]),
+    ("npu-smi unreadable", _set("npu_smi_stdout", "Error: no device\n"), ["no 'Total Count'"]),
+    ("RAM short", _set("meminfo", meminfo(256 * GIB)),
+     ["RAM 256GiB < pinned CPU offload 200GiB + reserve 128GiB", "lower cpu_offload"]),
+    ("model dir missing", _stat(MODEL_PATH, exists=False, isdir=False),
+     [f"model directory {MODEL_PATH} is missing", "pd_cluster.model.path"]),
+    ("disk low", _set("df_stdout", DF_OK.replace("3650000000", str(5 * GIB // KIB))),
+     [f"only 5GiB free on the filesystem of {MODEL_PATH}, need 10GiB"]),
+    ("port busy", _set("ss_stdout", "LISTEN 0      128        0.0.0.0:8201       0.0.0.0:*\n"),
+     ["ports 8201 needed by pd-cluster_a-decode0-dp1 are already in use"]),
+    ("image missing", _set("images_missing", ["quay.io/ascend/vllm-ascend:v0.25.1"]),
+     ["image quay.io/ascend/vllm-ascend:v0.25.1 is not on this host", "pd_container_pull=missing"]),
+]
+
+
+@pytest.mark.parametrize("change, expected", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_each_failing_fact_gives_one_message_starting_with_the_host(change, expected):
+    facts = good_facts()
+    change(facts)
+    found = prechecks.problems(facts)
+    assert len(found) == 1, found
+    assert found[0].startswith(f"{HOST}: ")
+    for text in expected:
+        assert text in found[0]
+    assert " — " in found[0]  # every message says what to do
+
+
+def test_every_failing_fact_at_once_gives_every_message():
+    facts = good_facts()
+    for _, change, _ in CASES:
+        change(facts)
+    found = prechecks.problems(facts)
+    # npu-smi failing hides its count checks: one npu-smi message, the rest one each
+    assert len(found) == len(CASES) - 2
+    assert all(m.startswith(f"{HOST}: ") for m in found)
+
+
+def test_ram_is_read_from_plain_meminfo_text_too():
+    facts = good_facts()
+    facts["meminfo"] = meminfo(256 * GIB)
+    assert prechecks.mem_total_bytes(facts["meminfo"]) == 256 * GIB
+    assert len(prechecks.problems(facts)) == 1
+
+
+def test_ram_just_enough_passes():
+    facts = good_facts()
+    facts["meminfo"] = meminfo(PINNED + RESERVE)
+    assert prechecks.problems(facts) == []
+    facts["meminfo"] = meminfo(PINNED + RESERVE - GIB)
+    assert len(prechecks.problems(facts)) == 1
+
+
+def test_busy_port_of_our_own_running_container_is_fine():
+    facts = good_facts()
+    facts["ss_stdout"] = "LISTEN 0      128        0.0.0.0:8201       0.0.0.0:*\n"
+    facts["own_running"] = ["pd-cluster_a-decode0-dp1"]
+    assert prechecks.problems(facts) == []
+
+
+def test_helpers_read_real_command_output():
+    assert prechecks.npu_count(NPU_SMI) == 8
+    assert prechecks.npu_count("") is None
+    assert prechecks.df_avail_bytes(DF_OK) == 3650000000 * KIB
+    assert prechecks.df_avail_bytes("df: /nope: No such file or directory\n") is None
+    assert prechecks.mem_total_bytes("not base64 and no MemTotal") is None
