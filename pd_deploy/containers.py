@@ -1,6 +1,9 @@
 """Decisions the container roles take on what Docker and the hosts report (plain data in, out)."""
 
+import base64
+import binascii
 import re
+from collections.abc import Mapping
 
 from pd_deploy.errors import PdError
 
@@ -12,9 +15,55 @@ def _label(info, key):
     return ((container.get("Config") or {}).get("Labels") or {}).get(key)
 
 
+def docker_log_text(raw):
+    """Text of a Docker Engine API log body: de-framed when multiplexed, decoded as UTF-8.
+
+    Without a TTY the API sends frames ``[stream (1 byte), 0, 0, 0, size (4 bytes, big endian)]`` +
+    payload; with a TTY it sends the raw stream. ``raw`` is bytes, or text in which undecodable bytes
+    are surrogate-escaped. Undecodable bytes become U+FFFD.
+    """
+    if isinstance(raw, str):
+        raw = raw.encode("utf-8", "surrogateescape")
+    if not isinstance(raw, (bytes, bytearray)):
+        raise PdError("pd_docker_logs", "content", f"{type(raw).__name__} is not a log body",
+                      "pass the bytes of GET /containers/<name>/logs or slurp's base64 content")
+    data, out, pos = bytes(raw), [], 0
+    while pos + 8 <= len(data) and data[pos] in (0, 1, 2) and data[pos + 1:pos + 4] == b"\0\0\0":
+        size = int.from_bytes(data[pos + 4:pos + 8], "big")
+        out.append(data[pos + 8:pos + 8 + size])
+        pos += 8 + size
+    body = b"".join(out) + data[pos:] if out else data
+    return body.decode("utf-8", "replace")
+
+
 def clean_log(text):
-    """Container log text without the Docker stream framing bytes and control characters."""
-    return _CONTROL.sub("", str(text or ""))
+    """Readable log text: Docker's stream framing and control characters removed."""
+    return _CONTROL.sub("", docker_log_text(text or ""))
+
+
+def docker_logs(slurp_results):
+    """``{container name: log text}`` from a ``slurp`` loop over downloaded Docker API log bodies.
+
+    Each result's ``item`` is the ``uri`` download result, whose ``item`` is the launch spec
+    (roles/pd_container/tasks/read_logs.yml). Results without content (not read) are left out.
+    """
+    if not isinstance(slurp_results, (list, tuple)):
+        raise PdError("pd_docker_logs", "results", f"{type(slurp_results).__name__} is not a list",
+                      "pass the slurp loop's .results")
+    out = {}
+    for res in slurp_results:
+        if not isinstance(res, Mapping) or res.get("content") is None:
+            continue
+        item = res.get("item") or {}
+        spec = item.get("item") if isinstance(item.get("item"), Mapping) else item
+        name = spec.get("name")
+        if name:
+            try:
+                body = base64.b64decode(res["content"], validate=True)
+            except (binascii.Error, ValueError):
+                body = res["content"]
+            out[name] = clean_log(body)
+    return out
 
 
 def containers_to_replace(specs, info_results):
@@ -41,21 +90,25 @@ def unhealthy_specs(health_register):
             if not r.get("skipped") and r.get("status") != 200 and "item" in r]
 
 
-def rollback_message(unhealthy, log_results, replaced, host):
-    """One readable failure message: which containers failed, what was restored, log tails."""
-    logs = {}
-    for res in log_results or []:
-        item = res.get("item") or {}
-        text = res.get("content") or res.get("msg") or ""
-        logs[item.get("name")] = clean_log(text).strip()
+def rollback_message(unhealthy, logs, replaced, host, restored_unhealthy=None):
+    """One readable failure message: which containers failed, what was restored, log tails.
+
+    ``logs`` is ``{container name: log text}`` (pd_docker_logs); ``restored_unhealthy`` names the
+    restored previous containers that did not answer their health URL either.
+    """
+    logs = logs or {}
     lines = [f"{host}: {len(unhealthy)} container(s) never answered their health URL; "
              "this host is failed and the rollout stops here."]
     for spec in unhealthy:
         name = spec["name"]
-        state = ("previous container restored and started" if name in (replaced or [])
-                 else "no previous container existed; nothing is serving this rank now")
+        if name not in (replaced or []):
+            state = "no previous container existed; nothing is serving this rank now"
+        elif name in (restored_unhealthy or []):
+            state = "previous container restored and started, but it does not answer its health URL either"
+        else:
+            state = "previous container restored and healthy"
         lines.append(f"- {name} ({spec['health_url']}, waited {spec.get('health_timeout_s')} s): {state}.")
-        tail = logs.get(name)
+        tail = clean_log(logs.get(name)).strip()
         if tail:
             lines.append("  last log lines:\n    " + "\n    ".join(tail.splitlines()[-15:]))
     lines.append("Fix the launch spec (playbooks/deploy-pd.yml -e pd_render_only=true shows it), "
@@ -104,6 +157,7 @@ def port_conflicts(specs, in_use, own_running):
 
 FILTERS = {
     "pd_clean_log": clean_log,
+    "pd_docker_logs": docker_logs,
     "pd_containers_to_replace": containers_to_replace,
     "pd_unhealthy_specs": unhealthy_specs,
     "pd_rollback_message": rollback_message,

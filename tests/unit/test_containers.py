@@ -70,8 +70,10 @@ def test_no_started_containers_means_none_unhealthy(register):
 def test_rollback_message_names_host_containers_state_logs_and_fix():
     bad_new = spec("pd-c-decode0-dp0", http=8200)
     bad_first = spec("pd-c-decode0-dp1", http=8201)
-    log = "\x01\x00\x00\x00\x00\x00\x00\x1bline one\nRuntimeError: NPU out of memory\n"
-    logs = [{"item": bad_new, "content": log}, {"item": bad_first, "msg": "Status code was 404"}]
+    body = "line one\nRuntimeError: NPU out of memory\n".encode()
+    framed = bytes([1, 0, 0, 0]) + len(body).to_bytes(4, "big") + body
+    # {name: text} as pd_docker_logs returns it; the second container's log could not be read
+    logs = {"pd-c-decode0-dp0": framed.decode("utf-8", "surrogateescape")}
     text = containers.rollback_message([bad_new, bad_first], logs, ["pd-c-decode0-dp0"], "a-d0")
     first, *rest = text.splitlines()
     assert first.startswith("a-d0: 2 container(s) never answered")
@@ -83,10 +85,19 @@ def test_rollback_message_names_host_containers_state_logs_and_fix():
     assert "pd_render_only=true" in rest[-1] and "collect-logs.yml" in rest[-1]
 
 
+def test_docker_logs_reads_slurped_bodies_by_container_name():
+    import base64
+    body = "x" * 200 + " é\n"  # 204 bytes: a size byte >= 0x80, not valid UTF-8 on its own
+    framed = bytes([2, 0, 0, 0]) + len(body.encode()).to_bytes(4, "big") + body.encode()
+    slurped = [{"item": {"item": spec("r"), "status": 200}, "content": base64.b64encode(framed).decode()},
+               {"item": {"item": spec("s"), "status": 404}}]
+    assert containers.docker_logs(slurped) == {"r": body}
+
+
 def test_rollback_message_quotes_only_the_last_log_lines():
     bad = spec("r")
     log = "\n".join(f"log line {i}" for i in range(100))
-    text = containers.rollback_message([bad], [{"item": bad, "content": log}], [], "h")
+    text = containers.rollback_message([bad], {"r": log}, [], "h")
     assert "log line 99" in text and "log line 85" in text
     assert "log line 84\n" not in text + "\n"
 
@@ -152,3 +163,11 @@ def test_free_ports_give_no_conflict():
 def test_clean_log_strips_control_bytes_but_keeps_lines():
     assert containers.clean_log("\x02\x00\x00\x00\x00\x00\x00\x05hello\nworld\t!") == "hello\nworld\t!"
     assert containers.clean_log(None) == ""
+
+
+def test_rollback_message_says_when_the_restored_container_is_not_healthy_either():
+    bad = spec("pd-c-decode0-dp0", http=8200)
+    healthy = containers.rollback_message([bad], {}, ["pd-c-decode0-dp0"], "h")
+    sick = containers.rollback_message([bad], {}, ["pd-c-decode0-dp0"], "h", ["pd-c-decode0-dp0"])
+    assert "previous container restored and healthy" in healthy
+    assert "does not answer its health URL either" in sick and "restored and healthy" not in sick

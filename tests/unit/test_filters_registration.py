@@ -7,12 +7,12 @@ import os
 
 import pytest
 
-from pd_deploy import (capacity, connectors, containers, fleet, logparse, prechecks, report, rules, sizes,
-                       versions)
+from pd_deploy import (capacity, connectors, containers, fleet, logparse, ops, prechecks, report, rules,
+                       sizes, versions)
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PLUGIN_DIR = os.path.join(REPO, "filter_plugins")
-MODULES = (sizes, capacity, logparse, versions, connectors, rules, fleet, containers, report, prechecks)
+MODULES = (sizes, capacity, logparse, versions, connectors, rules, fleet, containers, report, prechecks, ops)
 GIB = 1024 ** 3
 
 
