@@ -15,7 +15,7 @@ if _REPO not in sys.path:
     sys.path.insert(0, _REPO)
 
 from pd_deploy import (  # noqa: E402
-    capacity, connectors, containers, fleet, logparse, prechecks, report, rules, sizes, versions)
+    capacity, connectors, containers, fleet, logparse, ops, prechecks, report, rules, sizes, versions)
 from pd_deploy.fleet import HOST_VARS  # noqa: E402
 
 _READ = ("pd_cluster", "ansible_host") + HOST_VARS
@@ -45,7 +45,7 @@ class FilterModule:
     def filters(self):
         out = {}
         for module in (sizes, capacity, logparse, versions, connectors, rules, fleet, containers, report,
-                       prechecks):
+                       prechecks, ops):
             out.update(module.FILTERS)
         out["pd_fleet_input"] = fleet_input
         out["pd_plan_from_hostvars"] = plan_from_hostvars
