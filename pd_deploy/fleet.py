@@ -5,30 +5,20 @@ raises for bad inventory content: every problem becomes a violation dict (docs/d
 them are returned at once, and specs are only rendered for clusters without errors.
 """
 
-import functools
-import json
-import os
 
 import jsonschema
 
-from pd_deploy import capacity, model, rules, sizes
+from pd_deploy import capacity, datafiles, model, rules, sizes
 from pd_deploy.containers import spec_ports
 from pd_deploy.errors import PdError
 
-_SCHEMAS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "schemas")
 HOST_VARS = ("pd_host_address", "pd_npus", "pd_npu_first", "pd_hbm_per_npu", "pd_host_ram",
              "pd_host_ram_reserve", "pd_hccl_if", "pd_ascend_root")
 
 
-@functools.lru_cache(maxsize=None)
-def _schema_text(name):
-    with open(os.path.join(_SCHEMAS, name), encoding="utf-8") as handle:
-        return handle.read()
-
-
 def schema(name):
     """A fresh copy of ``schemas/<name>``."""
-    return json.loads(_schema_text(name))
+    return datafiles.schema(name)
 
 
 def _v(level, where, field, message, fix):

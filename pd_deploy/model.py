@@ -6,15 +6,12 @@ planned, checked and rendered on the controller before anything is touched.
 """
 
 import copy
-import functools
 import hashlib
 import json
 import math
-import os
 
-import yaml
 
-from pd_deploy import connectors, sizes, versions
+from pd_deploy import connectors, datafiles, sizes, versions
 from pd_deploy.errors import PdError
 
 ROLES = ("prefill", "decode")
@@ -34,18 +31,11 @@ ASCEND_MOUNTS = (
     "/etc/hccn.conf",
     "/usr/local/Ascend/driver/tools/hccn_tool",
 )
-_DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data")
-
-
-@functools.lru_cache(maxsize=None)
-def _defaults_text():
-    with open(os.path.join(_DATA, "defaults.yml"), encoding="utf-8") as handle:
-        return handle.read()
 
 
 def defaults():
     """Return a fresh copy of pd_deploy/data/defaults.yml (callers may mutate it)."""
-    return yaml.safe_load(_defaults_text())
+    return datafiles.yaml_data("defaults.yml")
 
 
 def deep_merge(base, override):

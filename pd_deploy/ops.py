@@ -17,20 +17,17 @@ Nothing here talks to a host; no module level mutable state. Bad input raises ``
 """
 
 import copy
-import functools
 import math
-import os
 import re
 from collections.abc import Mapping
 from xml.sax.saxutils import escape
 
 import yaml
 
-from pd_deploy import capacity, logparse, model, sizes
+from pd_deploy import capacity, datafiles, logparse, model, sizes
 from pd_deploy.containers import clean_log, docker_log_text, docker_logs  # noqa: F401  (re-exported)
 from pd_deploy.errors import PdError
 
-_DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data")
 GIB = 1024 ** 3
 DEFAULT_FAMILY = "deepseek_v4_flash"
 
@@ -67,15 +64,9 @@ _SIGNALS = ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_c
 # ---------------------------------------------------------------------------------------------------
 # model data (pd_deploy/data/models.yml)
 
-@functools.lru_cache(maxsize=None)
-def _models_text():
-    with open(os.path.join(_DATA, "models.yml"), encoding="utf-8") as handle:
-        return handle.read()
-
-
 def models():
     """A fresh copy of pd_deploy/data/models.yml (expected KV footprint per model family)."""
-    return yaml.safe_load(_models_text())
+    return datafiles.yaml_data("models.yml")
 
 
 def _family(family, where):

@@ -8,14 +8,12 @@ only copies leave this module).
 
 import copy
 import functools
-import os
 import re
 
-import yaml
 
+from pd_deploy import datafiles
 from pd_deploy.errors import PdError
 
-_TABLE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "versions.yml")
 # v0.25.1rc1, 0.25.1, 0.23.0, 0.26, 0.23.0.post1, 0.26.0.dev3 -> major.minor
 _VERSION_RE = re.compile(r"^v?(?P<major>\d+)\.(?P<minor>\d+)(?:\.\d+)?(?:\.?(?:rc|post|dev)\d+)?$")
 _BRANCHES = ("main",)
@@ -63,8 +61,7 @@ def _check_table(table):
 @functools.lru_cache(maxsize=1)
 def _table():
     """Parse and check the table once. Never hand this object out: callers get deep copies."""
-    with open(_TABLE, encoding="utf-8") as handle:
-        table = yaml.safe_load(handle)
+    table = datafiles.yaml_data("versions.yml")
     _check_table(table)
     return table
 

@@ -3,6 +3,8 @@
 import copy
 
 import pytest
+import os
+
 import yaml
 
 from pd_deploy import versions
@@ -111,7 +113,8 @@ def test_same_answer_twice():
 
 
 def test_table_file_is_plain_yaml_with_quoted_lines():
-    with open(versions._TABLE, encoding="utf-8") as handle:
+    path = os.path.join(os.path.dirname(versions.__file__), "data", "versions.yml")
+    with open(path, encoding="utf-8") as handle:
         table = yaml.safe_load(handle)
     assert all(isinstance(k, str) for k in table)
     assert list(table) == versions.known_versions()
