@@ -88,7 +88,25 @@ def rollout_summary(plan, play_hosts):
     return out
 
 
+def build_files(plan, build_dir, render_specs=False):
+    """Every controller file of a plan run as [{path, content}] for the pd_write_files action.
+
+    Always build/plan.json and build/render/<cluster>/capacity.{json,md}; with ``render_specs``
+    also one build/render/<host>/<container>.json per launch spec (engine ranks and proxies).
+    """
+    render = f"{build_dir}/render"
+    out = [{"path": f"{build_dir}/plan.json", "content": json.dumps(plan, indent=2, sort_keys=True) + "\n"}]
+    out += [{"path": f"{render}/{f['cluster']}/{f['file']}", "content": f["content"]} for f in capacity_files(plan)]
+    if render_specs:
+        for host, entry in plan["hosts"].items():
+            for spec in entry["specs"] + ([entry["proxy"]] if entry.get("proxy") else []):
+                out.append({"path": f"{render}/{host}/{spec['name']}.json",
+                            "content": json.dumps(spec, indent=2, sort_keys=True) + "\n"})
+    return out
+
+
 FILTERS = {
+    "pd_build_files": build_files,
     "pd_rollout_summary": rollout_summary,
     "pd_plan_failure_message": plan_failure_message,
     "pd_capacity_lines": capacity_lines,

@@ -111,8 +111,7 @@ def runs(tmp_path_factory, ansible_home):
         if key == DEPLOY_CASE:
             builds["deploy"] = work / "deploy-build"
             jobs["deploy"] = ["playbooks/deploy-pd.yml", "-i", str(inv), "-e", "pd_render_only=true",
-                              "-e", f"pd_plan_build_dir={builds['deploy']}",
-                              "-e", f"pd_container_render_dir={builds['deploy']}/render"]
+                              "-e", f"pd_plan_build_dir={builds['deploy']}"]
     results = run_playbooks(jobs, ansible_home)
     return {key: (results[key], builds[key]) for key in jobs}
 
