@@ -1,0 +1,142 @@
+"""Deploy cost on the Molecule fleet: first deploy, no-op re-run, tool overhead beside engine starts.
+
+Uses the `multicluster` scenario's simulated Ascend hosts (two clusters of 1 prefill + 1 decode host)
+and the stand-in engine with a fixed start delay (PD_STANDIN_START_DELAY), so that the time the
+engines take is known and the rest is the tool's own cost. Prints figures; asserts nothing about
+timing. It does check what must hold whatever the speed: the no-op re-run reports changed=0 and
+restarts no container.
+
+    .venv/bin/python bench/deploy_bench.py [--delay 20] [--keep]
+
+Needs root and a Docker engine (tests/harness/ensure-docker.sh installs one); it runs
+`molecule create` / `destroy` for the scenario, so do not run Molecule tests at the same time.
+"""
+
+import argparse
+import copy
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+import yaml
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SCENARIO = "multicluster"
+CLUSTERS = ("mc_a", "mc_b")
+BIN = os.path.dirname(sys.executable)
+
+
+def sh(argv, env=None, check=True):
+    """Run a command from the repository root; return (seconds, completed process)."""
+    start = time.monotonic()
+    proc = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True)
+    took = time.monotonic() - start
+    if check and proc.returncode != 0:
+        sys.stderr.write(proc.stdout[-4000:] + proc.stderr[-4000:])
+        raise SystemExit(f"failed ({proc.returncode}): {' '.join(argv)}")
+    return took, proc
+
+
+def recap(text):
+    """{host: {ok, changed, failed, ...}} from a PLAY RECAP."""
+    out = {}
+    for line in text.splitlines():
+        match = re.match(r"^(\S+)\s+:\s+(.*)$", line)
+        if match and "changed=" in match.group(2):
+            out[match.group(1)] = {k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", match.group(2))}
+    return out
+
+
+def containers():
+    """{name: (id, started at)} of every pd-deploy container of the two clusters."""
+    out = {}
+    for cluster in CLUSTERS:
+        _, proc = sh(["docker", "ps", "-q", "--filter", f"label=pd.cluster={cluster}"])
+        ids = proc.stdout.split()
+        if ids:
+            _, info = sh(["docker", "inspect", *ids])
+            for item in json.loads(info.stdout):
+                out[item["Name"].lstrip("/")] = (item["Id"], item["State"]["StartedAt"])
+    return out
+
+
+def delayed_inventory(delay, workdir):
+    """Copy of the scenario inventory whose engines take `delay` seconds to start."""
+    src = os.path.join(REPO, "molecule", SCENARIO, "inventory")
+    dst = os.path.join(workdir, "inventory")
+    shutil.copytree(src, dst, symlinks=False)
+    for cluster in CLUSTERS:
+        path = os.path.join(dst, "group_vars", f"{cluster}.yml")
+        with open(path, encoding="utf-8") as handle:
+            data = yaml.safe_load(handle)
+        cfg = copy.deepcopy(data["pd_cluster"])
+        for role in ("prefill", "decode"):
+            cfg[role].setdefault("env", {})["PD_STANDIN_START_DELAY"] = str(delay)
+        cfg["health_timeout_s"] = max(60, 4 * delay)
+        with open(path, "w", encoding="utf-8") as handle:
+            yaml.safe_dump({"pd_cluster": cfg}, handle)
+    return dst
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--delay", type=int, default=20, help="stand-in engine start delay in seconds (20)")
+    parser.add_argument("--keep", action="store_true", help="keep the simulated hosts and containers")
+    args = parser.parse_args(argv)
+
+    env = dict(os.environ, PATH=f"{BIN}:{os.environ.get('PATH', '')}", ANSIBLE_NOCOLOR="1",
+               ANSIBLE_CONFIG=os.path.join(REPO, "ansible.cfg"))
+    env.setdefault("PD_ASCEND_ROOT", "/var/lib/pd-test/ascend")
+    for step in (["bash", "tests/harness/ensure-docker.sh"], ["bash", "tests/harness/build-images.sh"],
+                 ["bash", "tests/harness/ascend-root.sh", env["PD_ASCEND_ROOT"], "8"]):
+        sh(step, env)
+    molecule = os.path.join(BIN, "molecule")
+    sh([molecule, "destroy", "-s", SCENARIO], env, check=False)
+    sh([molecule, "create", "-s", SCENARIO], env)
+    sh([molecule, "prepare", "-s", SCENARIO], env)
+    workdir = tempfile.mkdtemp(prefix="pd-deploy-bench-")
+    try:
+        inventory = delayed_inventory(args.delay, workdir)
+        play = [os.path.join(BIN, "ansible-playbook"), "playbooks/deploy-pd.yml", "-i", inventory,
+                "-e", f"pd_plan_build_dir={workdir}/build", "-e", "pd_container_health_delay=1"]
+        ping = [os.path.join(BIN, "ansible"), "pd_clusters", "-m", "ansible.builtin.ping", "-i", inventory]
+        t_ping, _ = sh(ping, env)
+        t_first, first = sh(play, env)
+        before = containers()
+        t_noop, noop = sh(play, env)
+        after = containers()
+        sh([os.path.join(BIN, "ansible-playbook"), "playbooks/stop-pd.yml", "-i", inventory,
+            "-e", "pd_stop_confirm=yes"], env)
+        t_par, _ = sh(play + ["-e", "pd_parallel_clusters=true"], env)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+        if not args.keep:
+            sh([molecule, "destroy", "-s", SCENARIO], env, check=False)
+
+    changed = {h: r.get("changed", 0) for h, r in recap(noop.stdout).items()}
+    restarted = sorted(n for n in before if after.get(n) != before[n])
+    # decode then prefill, each waits for its engines: 2 start delays per cluster, clusters in turn
+    floor_serial = 2 * args.delay * len(CLUSTERS)
+    floor_parallel = 2 * args.delay
+    print(f"\npd-deploy deploy bench: {len(CLUSTERS)} clusters x (1 P + 1 D host), stand-in start delay "
+          f"{args.delay} s, {os.cpu_count()} CPU(s), load {os.getloadavg()[0]:.2f}")
+    print(f"{'run':42} {'wall s':>8} {'engine floor s':>15} {'overhead s':>11}")
+    print(f"{'ping floor (ansible -m ping, 4 hosts)':42} {t_ping:8.1f}")
+    for label, took, floor in (("first deploy, one cluster at a time", t_first, floor_serial),
+                               ("first deploy, pd_parallel_clusters=true", t_par, floor_parallel),
+                               ("no-op re-run", t_noop, 0)):
+        print(f"{label:42} {took:8.1f} {floor:15.1f} {took - floor:11.1f}")
+    print(f"no-op re-run: changed per host {changed}; restarted containers: {restarted or 'none'}")
+    print(f"no-op / ping floor: {t_noop / t_ping:.2f}x; containers: {len(before)}")
+    ok = all(v == 0 for v in changed.values()) and not restarted and len(before) == 6
+    print("no-op re-run check:", "PASS" if ok else "FAIL")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
