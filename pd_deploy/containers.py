@@ -41,6 +41,12 @@ def clean_log(text):
     return _CONTROL.sub("", docker_log_text(text or ""))
 
 
+def log_tail(text, lines=15, indent="    "):
+    """The last ``lines`` lines of a container log, cleaned and indented for a failure message."""
+    tail = clean_log(text).strip()
+    return indent + f"\n{indent}".join(tail.splitlines()[-lines:]) if tail else ""
+
+
 def docker_logs(slurp_results):
     """``{container name: log text}`` from a ``slurp`` loop over downloaded Docker API log bodies.
 
@@ -108,9 +114,9 @@ def rollback_message(unhealthy, logs, replaced, host, restored_unhealthy=None):
         else:
             state = "previous container restored and healthy"
         lines.append(f"- {name} ({spec['health_url']}, waited {spec.get('health_timeout_s')} s): {state}.")
-        tail = clean_log(logs.get(name)).strip()
+        tail = log_tail(logs.get(name))
         if tail:
-            lines.append("  last log lines:\n    " + "\n    ".join(tail.splitlines()[-15:]))
+            lines.append("  last log lines:\n" + tail)
     lines.append("Fix the launch spec (playbooks/deploy-pd.yml -e pd_render_only=true shows it), "
                  "or run playbooks/collect-logs.yml for the full logs, then re-run the deploy.")
     return "\n".join(lines)

@@ -25,7 +25,7 @@ from xml.sax.saxutils import escape
 import yaml
 
 from pd_deploy import capacity, datafiles, logparse, model, sizes
-from pd_deploy.containers import clean_log, docker_log_text, docker_logs  # noqa: F401  (re-exported)
+from pd_deploy.containers import clean_log, docker_log_text, docker_logs, log_tail  # noqa: F401  (re-exported)
 from pd_deploy.errors import PdError
 
 GIB = 1024 ** 3
@@ -1133,9 +1133,9 @@ def baseline_failure(unhealthy, logs, host):
              "baseline was recorded for this host."]
     for spec in unhealthy:
         lines.append(f"- {spec['name']} (max-model-len {spec.get('max_model_len')}, {spec['health_url']}):")
-        tail = clean_log(logs.get(spec["name"]) or "").strip()
+        tail = log_tail(logs.get(spec["name"]))
         if tail:
-            lines.append("    " + "\n    ".join(tail.splitlines()[-15:]))
+            lines.append(tail)
     lines.append("A max-model-len whose KV does not fit one request fails at start-up: choose smaller "
                  "pd_ops_baseline_lengths, or check the devices with playbooks/deploy-pd.yml's prechecks.")
     return "\n".join(lines)

@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from pd_deploy import connectors, rules, versions
+from pd_deploy import connectors, model, rules, versions
 from pd_deploy.errors import PdError
 
 GIB = 1024 ** 3
@@ -77,34 +77,8 @@ def make_hosts(**over):
 
 
 def make_topo(cluster, hosts):
-    """Place ranks as docs/design.md says: fill the role's hosts in order, npus // tp ranks each."""
-    topo = {"instances": [], "hosts": {h["name"]: dict(h, ranks=[]) for h in hosts}}
-    engine_id = 0
-    for role in ("prefill", "decode"):
-        rcfg = cluster["roles"][role]
-        dp, tp = rcfg["dp"], rcfg["tp"]
-        slots = [(h, h["npu_first"] + s * tp) for h in hosts if h["role"] == role for s in range(h["npus"] // tp)]
-        for index in range(rcfg["instances"]):
-            inst = {"role": role, "index": index, "engine_id": str(engine_id), "dp": dp, "tp": tp,
-                    "kv_port": rcfg["kv_port"] + index * dp * tp, "dp_rpc_port": rcfg["dp_rpc_port"] + index,
-                    "hosts": [], "ranks": []}
-            engine_id += 1
-            for dp_rank in range(dp):
-                pos = index * dp + dp_rank
-                if pos >= len(slots):
-                    break
-                host, first = slots[pos]
-                rank = {"role": role, "instance": index, "dp_rank": dp_rank, "host": host["name"],
-                        "address": host["address"], "devices": list(range(first, first + tp)),
-                        "port": rcfg["port_base"] + index * dp + dp_rank,
-                        "container": f"pd-{cluster['name']}-{role}{index}-dp{dp_rank}"}
-                inst["ranks"].append(rank)
-                if host["name"] not in inst["hosts"]:
-                    inst["hosts"].append(host["name"])
-                topo["hosts"][host["name"]]["ranks"].append(rank)
-            inst["dp_address"] = inst["ranks"][0]["address"] if inst["ranks"] else None
-            topo["instances"].append(inst)
-    return topo
+    """The real placement (model.topology): the rules are checked on what the deploy would build."""
+    return model.topology(cluster, hosts)[0]
 
 
 def make_specs(cluster, topo):
