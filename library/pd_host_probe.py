@@ -1,0 +1,241 @@
+#!/usr/bin/python
+"""Read in one go what pd-deploy needs to know about an Ascend host before touching it."""
+
+DOCUMENTATION = r"""
+module: pd_host_probe
+short_description: Read an Ascend host's devices, driver, RAM, ports, disk, images and pd-deploy containers
+description:
+  - One module run per host instead of one task per fact; it only reads and never changes the host.
+  - Judging what it read is left to the pd_precheck_problems filter on the controller.
+  - Containers are those labelled C(label); each one named in O(containers) that runs with the given
+    spec hash has its health URL probed.
+options:
+  docker_socket:
+    description: Docker Engine API socket.
+    type: path
+    default: /var/run/docker.sock
+  label:
+    description: Label (key=value) of the containers to list.
+    type: str
+    default: pd.managed-by=pd-deploy
+  paths:
+    description: Paths to stat (device nodes, driver files, model directory).
+    type: list
+    elements: str
+    default: []
+  npu_smi:
+    description: Path of npu-smi, run as C(npu-smi info -l); not run when empty.
+    type: str
+    default: ""
+  host_facts:
+    description: Read /proc/meminfo and the listening TCP ports.
+    type: bool
+    default: false
+  disk_path:
+    description: Report the free bytes of the filesystem holding this path; not read when empty.
+    type: str
+    default: ""
+  images:
+    description: Image references that must be present in the local image store.
+    type: list
+    elements: str
+    default: []
+  containers:
+    description: Launch specs to compare with what runs (name, hash, health_url).
+    type: list
+    elements: dict
+    default: []
+  probe_timeout:
+    description: Seconds to keep probing the health URL of a container that runs its current spec.
+    type: float
+    default: 10
+  probe_interval:
+    description: Seconds between two probes of one URL.
+    type: float
+    default: 2
+author: pd-deploy
+"""
+
+EXAMPLES = r"""
+- name: Read the host
+  pd_host_probe:
+    paths: [/dev/davinci0, /data/models/DeepSeek-V4-Flash]
+    npu_smi: /usr/local/bin/npu-smi
+    host_facts: true
+    disk_path: /data/models/DeepSeek-V4-Flash
+    images: [quay.io/ascend/vllm-ascend:v0.25.1]
+    containers:
+      - {name: pd-cluster_a-decode0-dp0, hash: 3f2a..., health_url: "http://127.0.0.1:8200/health"}
+"""
+
+RETURN = r"""
+stats:
+  description: Per path, whether it exists, is a directory, is a character device.
+  type: dict
+  returned: always
+npu_smi:
+  description: rc, stdout and stderr of C(npu-smi info -l) (rc 127 when it could not run), or null.
+  type: dict
+  returned: always
+meminfo:
+  description: Text of /proc/meminfo (empty unless host_facts).
+  type: str
+  returned: always
+listening_ports:
+  description: TCP ports in LISTEN state on the host's network namespace (from /proc/net/tcp and tcp6).
+  type: list
+  returned: always
+disk_free_bytes:
+  description: Bytes available to unprivileged users on the filesystem of disk_path, or null.
+  type: int
+  returned: always
+docker:
+  description: ok (engine answered), msg (why not).
+  type: dict
+  returned: always
+containers:
+  description: Every labelled container (name, state, running, hash).
+  type: list
+  returned: always
+images_missing:
+  description: References of O(images) not in the local image store.
+  type: list
+  returned: always
+health:
+  description: For each O(containers) entry running its current hash, the probe result (name, url, ok, status, error).
+  type: list
+  returned: always
+"""
+
+import json
+import os
+import stat as stat_mod
+import urllib.parse
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.pd_http import docker, wait_all
+
+LISTEN = "0A"
+
+
+def stat_paths(paths):
+    """{path: {exists, isdir, ischr}}."""
+    out = {}
+    for path in paths:
+        try:
+            mode = os.stat(path).st_mode
+        except OSError:
+            out[path] = {"exists": False, "isdir": False, "ischr": False}
+            continue
+        out[path] = {"exists": True, "isdir": stat_mod.S_ISDIR(mode), "ischr": stat_mod.S_ISCHR(mode)}
+    return out
+
+
+def listening_ports(*tables):
+    """Ports in LISTEN state from the text of /proc/net/tcp and /proc/net/tcp6."""
+    ports = set()
+    for text in tables:
+        for line in (text or "").splitlines()[1:]:
+            fields = line.split()
+            if len(fields) > 3 and fields[3] == LISTEN and ":" in fields[1]:
+                try:
+                    ports.add(int(fields[1].rsplit(":", 1)[1], 16))
+                except ValueError:
+                    continue
+    return sorted(ports)
+
+
+def read_text(path):
+    try:
+        with open(path, encoding="ascii", errors="replace") as handle:
+            return handle.read()
+    except OSError:
+        return ""
+
+
+def disk_free(path):
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return None
+    return st.f_bavail * st.f_frsize
+
+
+def list_containers(socket_path, label):
+    """(ok, msg, [{name, state, running, hash}]) of every container carrying ``label``."""
+    query = urllib.parse.urlencode({"all": "1", "filters": json.dumps({"label": [label]})})
+    status, body, error = docker(socket_path, "GET", f"/containers/json?{query}")
+    if error or status != 200 or not isinstance(body, list):
+        return False, error or f"Docker API answered HTTP {status}", []
+    out = []
+    for item in body:
+        labels = item.get("Labels") or {}
+        names = item.get("Names") or ["?"]
+        out.append({"name": names[0].lstrip("/"), "state": item.get("State", ""),
+                    "running": item.get("State") == "running", "hash": labels.get("pd.spec-hash", "")})
+    return True, "", sorted(out, key=lambda c: c["name"])
+
+
+def missing_images(socket_path, images):
+    out = []
+    for ref in images:
+        status, _, error = docker(socket_path, "GET", f"/images/{urllib.parse.quote(ref, safe='/:@')}/json")
+        if error or status != 200:
+            out.append(ref)
+    return out
+
+
+def current_checks(specs, containers, probe_timeout):
+    """Health checks of the specs whose container runs their current hash."""
+    running = {c["name"]: c["hash"] for c in containers if c["running"]}
+    return [{"name": s["name"], "url": s["health_url"], "timeout_s": probe_timeout}
+            for s in specs if s.get("health_url") and running.get(s["name"]) == s.get("hash")]
+
+
+def run_npu_smi(module, path):
+    if not path:
+        return None
+    try:
+        rc, out, err = module.run_command([path, "info", "-l"], handle_exceptions=False)
+    except OSError as exc:
+        return {"rc": 127, "stdout": "", "stderr": str(exc)}
+    return {"rc": rc, "stdout": out, "stderr": err}
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec={
+            "docker_socket": {"type": "path", "default": "/var/run/docker.sock"},
+            "label": {"type": "str", "default": "pd.managed-by=pd-deploy"},
+            "paths": {"type": "list", "elements": "str", "default": []},
+            "npu_smi": {"type": "str", "default": ""},
+            "host_facts": {"type": "bool", "default": False},
+            "disk_path": {"type": "str", "default": ""},
+            "images": {"type": "list", "elements": "str", "default": []},
+            "containers": {"type": "list", "elements": "dict", "default": []},
+            "probe_timeout": {"type": "float", "default": 10.0},
+            "probe_interval": {"type": "float", "default": 2.0},
+        },
+        supports_check_mode=True,
+    )
+    p = module.params
+    sock = p["docker_socket"]
+    ok, msg, containers = list_containers(sock, p["label"])
+    result = {
+        "changed": False,
+        "stats": stat_paths(p["paths"]),
+        "npu_smi": run_npu_smi(module, p["npu_smi"]),
+        "meminfo": read_text("/proc/meminfo") if p["host_facts"] else "",
+        "listening_ports": listening_ports(read_text("/proc/net/tcp"), read_text("/proc/net/tcp6"))
+        if p["host_facts"] else [],
+        "disk_free_bytes": disk_free(p["disk_path"]) if p["disk_path"] else None,
+        "docker": {"ok": ok, "msg": msg},
+        "containers": containers,
+        "images_missing": missing_images(sock, p["images"]) if ok else list(p["images"]),
+        "health": wait_all(current_checks(p["containers"], containers, p["probe_timeout"]), p["probe_interval"]),
+    }
+    module.exit_json(**result)
+
+
+if __name__ == "__main__":
+    main()

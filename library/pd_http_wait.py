@@ -1,0 +1,74 @@
+#!/usr/bin/python
+"""Wait for several HTTP URLs at once, each until it answers or its own deadline passes."""
+
+DOCUMENTATION = r"""
+module: pd_http_wait
+short_description: Wait for a host's engine health URLs together
+description:
+  - Polls every URL in the same rounds, so the ranks of a host are waited for side by side in one
+    module run instead of one task (and one connection) per rank and per retry.
+  - Never fails on an unhealthy URL; it reports each result and leaves the decision (roll back, fail)
+    to the caller.
+options:
+  checks:
+    description: List of {name, url, timeout_s}; optional method (GET), body (sent as JSON), status ([200]).
+    type: list
+    elements: dict
+    required: true
+  interval:
+    description: Seconds between two rounds of probes.
+    type: float
+    default: 5
+  request_timeout:
+    description: Seconds one request may take.
+    type: float
+    default: 5
+author: pd-deploy
+"""
+
+EXAMPLES = r"""
+- name: Wait for the ranks
+  pd_http_wait:
+    checks:
+      - {name: pd-cluster_a-decode0-dp0, url: "http://127.0.0.1:8200/health", timeout_s: 1800}
+      - {name: pd-cluster_a-decode0-dp1, url: "http://127.0.0.1:8201/health", timeout_s: 1800}
+    interval: 5
+"""
+
+RETURN = r"""
+results:
+  description: One entry per check, in order (name, url, ok, status, error, attempts, waited_s).
+  type: list
+  returned: always
+all_ok:
+  description: Whether every check answered an expected status.
+  type: bool
+  returned: always
+"""
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.pd_http import wait_all
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec={
+            "checks": {"type": "list", "elements": "dict", "required": True},
+            "interval": {"type": "float", "default": 5.0},
+            "request_timeout": {"type": "float", "default": 5.0},
+        },
+        supports_check_mode=True,
+    )
+    checks = module.params["checks"]
+    for index, check in enumerate(checks):
+        missing = [k for k in ("name", "url", "timeout_s") if check.get(k) in (None, "")]
+        if missing:
+            module.fail_json(msg=f"checks[{index}] lacks {', '.join(missing)}: give name, url and timeout_s")
+    if module.check_mode:
+        module.exit_json(changed=False, skipped=True, results=[], all_ok=True, msg="not probed in check mode")
+    results = wait_all(checks, module.params["interval"], module.params["request_timeout"])
+    module.exit_json(changed=False, results=results, all_ok=all(r["ok"] for r in results))
+
+
+if __name__ == "__main__":
+    main()

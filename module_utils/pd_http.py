@@ -1,0 +1,98 @@
+"""HTTP for pd-deploy's modules: the engines' loopback URLs and the Docker Engine API socket.
+
+Runs on the target host's Python, standard library only. http.client is used directly (not urllib)
+so that an http_proxy variable in the host's environment never reroutes a loopback probe.
+"""
+
+import http.client
+import json
+import socket
+import time
+import urllib.parse
+
+
+class UnixHTTPConnection(http.client.HTTPConnection):
+    """HTTP over a unix socket (the Docker Engine API)."""
+
+    def __init__(self, socket_path, timeout):
+        super().__init__("localhost", timeout=timeout)
+        self._socket_path = socket_path
+
+    def connect(self):
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(self.timeout)
+        try:
+            sock.connect(self._socket_path)
+        except OSError:
+            sock.close()
+            raise
+        self.sock = sock
+
+
+def _exchange(conn, method, path, body, timeout):
+    headers = {"Host": "localhost"}
+    data = None
+    if body is not None:
+        data = json.dumps(body).encode()
+        headers["Content-Type"] = "application/json"
+    try:
+        conn.request(method, path, body=data, headers=headers)
+        resp = conn.getresponse()
+        return resp.status, resp.read(), ""
+    except (OSError, http.client.HTTPException) as exc:
+        return 0, b"", f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    finally:
+        conn.close()
+
+
+def request(url, method="GET", body=None, timeout=5.0):
+    """One HTTP request: (status, body bytes, error text). Status 0 and an error when it failed."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme != "http" or not parts.hostname:
+        return 0, b"", f"not an http:// URL: {url}"
+    path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    conn = http.client.HTTPConnection(parts.hostname, parts.port or 80, timeout=timeout)
+    return _exchange(conn, method, path, body, timeout)
+
+
+def docker(socket_path, method, path, timeout=10.0):
+    """One Docker Engine API call: (status, parsed JSON or None, error text)."""
+    status, raw, error = _exchange(UnixHTTPConnection(socket_path, timeout), method, path, None, timeout)
+    if error:
+        return 0, None, f"cannot reach the Docker engine at unix://{socket_path}: {error}"
+    try:
+        return status, json.loads(raw.decode() or "null"), ""
+    except ValueError:
+        return status, None, ""
+
+
+def wait_all(checks, interval, request_timeout=5.0, clock=time.monotonic, sleep=time.sleep, send=request):
+    """Poll every check until it answers an expected status or its own deadline passes.
+
+    ``checks``: [{name, url, timeout_s, method (GET), body (None), status ([200])}]. All checks are
+    polled in the same rounds, so a host's ranks are waited for together, not one after the other.
+    Returns [{name, url, ok, status, error, attempts, waited_s}] in the order of ``checks``.
+    """
+    start = clock()
+    results = [{"name": c["name"], "url": c["url"], "ok": False, "status": 0, "error": "not probed",
+                "attempts": 0, "waited_s": 0.0} for c in checks]
+    pending = list(range(len(checks)))
+    while pending:
+        still = []
+        for index in pending:
+            check, result = checks[index], results[index]
+            remaining = float(check.get("timeout_s", 0)) - (clock() - start)
+            status, _, error = send(check["url"], check.get("method") or "GET", check.get("body"),
+                                    max(0.5, min(request_timeout, remaining if remaining > 0 else request_timeout)))
+            result.update(status=status, error=error, attempts=result["attempts"] + 1,
+                          waited_s=round(clock() - start, 2))
+            if status in (check.get("status") or [200]):
+                result.update(ok=True, error="")
+            elif clock() - start < float(check.get("timeout_s", 0)):
+                still.append(index)
+            elif not error:
+                result["error"] = f"HTTP {status}"
+        pending = still
+        if pending:
+            sleep(interval)
+    return results

@@ -1,0 +1,351 @@
+"""The pd_host_probe and pd_http_wait modules and their shared HTTP helpers (module_utils/pd_http.py).
+
+HTTP goes to servers these tests start on 127.0.0.1 and to a fake Docker Engine API on a unix socket
+in a temporary directory; nothing else is contacted.
+"""
+
+import http.server
+import importlib.util
+import json
+import os
+import socket
+import socketserver
+import subprocess
+import sys
+import threading
+import urllib.parse
+from pathlib import Path
+
+import ansible.module_utils
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+# what ansible.cfg's module_utils setting does for a real run
+if str(REPO / "module_utils") not in ansible.module_utils.__path__:
+    ansible.module_utils.__path__.append(str(REPO / "module_utils"))
+
+from ansible.module_utils import pd_http  # noqa: E402  (needs the path above)
+
+
+def load(name):
+    spec = importlib.util.spec_from_file_location(name, REPO / "library" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+probe_mod = load("pd_host_probe")
+
+
+# ---- servers ------------------------------------------------------------------------------------
+
+class Engine(http.server.BaseHTTPRequestHandler):
+    """/health answers 200 after `ready_after` requests; /sick 503; POST /echo returns the body."""
+    hits = {}
+    ready_after = 0
+
+    def do_GET(self):  # noqa: N802 (http.server's name)
+        Engine.hits[self.path] = Engine.hits.get(self.path, 0) + 1
+        if self.path == "/health" and Engine.hits[self.path] > Engine.ready_after:
+            self._send(200, b"")
+        else:
+            self._send(503, b"starting")
+
+    def do_POST(self):  # noqa: N802
+        body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        self._send(200, body)
+
+    def _send(self, status, body):
+        self.send_response(status)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def engine():
+    Engine.hits = {}
+    Engine.ready_after = 0
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Engine)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+CONTAINERS = [
+    {"Names": ["/pd-c-decode0-dp0"], "State": "running", "Labels": {"pd.spec-hash": "h0", "pd.managed-by": "pd-deploy"}},
+    {"Names": ["/pd-c-decode0-dp1"], "State": "exited", "Labels": {"pd.spec-hash": "h1", "pd.managed-by": "pd-deploy"}},
+    {"Names": ["/pd-c-decode0-dp1-previous"], "State": "exited", "Labels": {"pd.spec-hash": "h-old"}},
+]
+
+
+class FakeDocker(http.server.BaseHTTPRequestHandler):
+    """The few Engine API calls the probe makes, answered like dockerd does."""
+    requests = []
+
+    def do_GET(self):  # noqa: N802
+        FakeDocker.requests.append(self.path)
+        url = urllib.parse.urlsplit(self.path)
+        if url.path == "/containers/json":
+            query = urllib.parse.parse_qs(url.query)
+            assert query["all"] == ["1"]
+            assert json.loads(query["filters"][0]) == {"label": ["pd.managed-by=pd-deploy"]}
+            self._send(200, json.dumps(CONTAINERS).encode())
+        elif url.path == "/images/registry.local/vllm-ascend:v0.25.1/json":
+            self._send(200, b'{"Id": "sha256:1"}')
+        else:
+            self._send(404, b'{"message": "No such image"}')
+
+    def _send(self, status, body):
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+    def address_string(self):
+        return "unix"
+
+
+class UnixServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
+    daemon_threads = True
+
+
+@pytest.fixture
+def docker_socket(tmp_path):
+    FakeDocker.requests = []
+    path = str(tmp_path / "docker.sock")
+    server = UnixServer(path, FakeDocker)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield path
+    server.shutdown()
+    server.server_close()
+
+
+# ---- pd_http ------------------------------------------------------------------------------------
+
+def test_request_reads_status_and_body(engine):
+    assert pd_http.request(f"{engine}/health")[:2] == (200, b"")
+    assert pd_http.request(f"{engine}/sick")[:2] == (503, b"starting")
+    status, body, error = pd_http.request(f"{engine}/echo", "POST", {"prompt": "x"})
+    assert (status, json.loads(body), error) == (200, {"prompt": "x"}, "")
+
+
+def test_request_to_a_closed_port_reports_the_error_not_raises():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    status, _, error = pd_http.request(f"http://127.0.0.1:{port}/health", timeout=1)
+    assert status == 0 and "ConnectionRefusedError" in error
+
+
+def test_request_ignores_http_proxy_settings(engine, monkeypatch):
+    # a proxy variable on the host must not reroute a loopback probe
+    monkeypatch.setenv("http_proxy", "http://127.0.0.1:9")
+    monkeypatch.setenv("HTTP_PROXY", "http://127.0.0.1:9")
+    assert pd_http.request(f"{engine}/health")[0] == 200
+
+
+@pytest.mark.parametrize("url", ["https://127.0.0.1/health", "127.0.0.1:8200/health", ""])
+def test_request_refuses_what_is_not_plain_http(url):
+    status, _, error = pd_http.request(url)
+    assert status == 0 and "not an http:// URL" in error
+
+
+class FakeClock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+    def sleep(self, seconds):
+        self.now += seconds
+
+
+def test_wait_all_polls_every_check_in_the_same_rounds_until_each_deadline():
+    clock = FakeClock()
+    answers = {"a": [0, 0, 200], "b": [503] * 100}
+    sent = []
+
+    def send(url, method, body, timeout):
+        sent.append(url)
+        clock.now += 0.1
+        queue = answers[url]
+        return (queue.pop(0) if len(queue) > 1 else queue[0]), b"", ""
+
+    checks = [{"name": "ra", "url": "a", "timeout_s": 30}, {"name": "rb", "url": "b", "timeout_s": 5}]
+    results = pd_http.wait_all(checks, 2, clock=clock, sleep=clock.sleep, send=send)
+    # a and b alternate while both are pending: one round probes every pending check
+    assert sent[:6] == ["a", "b", "a", "b", "a", "b"]
+    assert results[0]["ok"] and results[0]["attempts"] == 3 and results[0]["error"] == ""
+    assert not results[1]["ok"] and results[1]["status"] == 503 and results[1]["error"] == "HTTP 503"
+    # b kept being probed until its own 5 s deadline, not a's
+    assert 5 <= results[1]["waited_s"] < 7.5
+
+
+def test_wait_all_with_zero_timeout_probes_once():
+    calls = []
+
+    def send(url, method, body, timeout):
+        calls.append((url, method, body))
+        return 0, b"", "ConnectionRefusedError: [Errno 111] Connection refused"
+
+    results = pd_http.wait_all([{"name": "x", "url": "u", "timeout_s": 0, "method": "POST", "body": {"k": 1}}],
+                               1, sleep=lambda s: None, send=send)
+    assert calls == [("u", "POST", {"k": 1})]
+    assert results[0]["error"].startswith("ConnectionRefusedError") and not results[0]["ok"]
+
+
+def test_wait_all_against_an_engine_that_becomes_ready(engine):
+    Engine.ready_after = 2
+    results = pd_http.wait_all([{"name": "r", "url": f"{engine}/health", "timeout_s": 10}], 0.05)
+    assert results[0]["ok"] and results[0]["attempts"] == 3 and results[0]["status"] == 200
+
+
+def test_docker_api_over_the_unix_socket(docker_socket):
+    status, body, error = pd_http.docker(docker_socket, "GET", "/images/nope/json")
+    assert (status, body, error) == (404, {"message": "No such image"}, "")
+
+
+def test_docker_api_without_an_engine_says_where_it_looked(tmp_path):
+    status, body, error = pd_http.docker(str(tmp_path / "missing.sock"), "GET", "/containers/json")
+    assert status == 0 and body is None
+    assert error.startswith(f"cannot reach the Docker engine at unix://{tmp_path}/missing.sock")
+
+
+# ---- pd_host_probe ------------------------------------------------------------------------------
+
+PROC_NET_TCP = """\
+  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode
+   0: 00000000:0016 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 1 1 0 100 0 0 10 0
+   1: 0100007F:2008 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 2 1 0 100 0 0 10 0
+   2: 0100007F:2008 0100007F:D2F0 01 00000000:00000000 00:00000000 00000000     0        0 3 1 0 20 4 30 10 -1
+"""
+PROC_NET_TCP6 = """\
+  sl  local_address                         remote_address                        st tx_queue rx_queue
+   0: 00000000000000000000000000000000:7594 00000000000000000000000000000000:0000 0A 00000000:00000000
+   1: 00000000000000000000000001000000:0019 00000000000000000000000000000000:0000 0A 00000000:00000000
+"""
+
+
+def test_listening_ports_come_from_listen_rows_of_tcp_and_tcp6():
+    # 0x16=22, 0x2008=8200 (the established row on 8200 is not a listener), 0x7594=30100, 0x19=25
+    assert probe_mod.listening_ports(PROC_NET_TCP, PROC_NET_TCP6) == [22, 25, 8200, 30100]
+    assert probe_mod.listening_ports("", None) == []
+
+
+def test_listening_ports_of_this_machine_include_a_socket_we_open():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        port = sock.getsockname()[1]
+        found = probe_mod.listening_ports(probe_mod.read_text("/proc/net/tcp"), probe_mod.read_text("/proc/net/tcp6"))
+    assert port in found
+
+
+def test_stat_paths_tell_directories_character_devices_and_missing(tmp_path):
+    (tmp_path / "file").write_text("x")
+    stats = probe_mod.stat_paths([str(tmp_path), str(tmp_path / "file"), "/dev/null", str(tmp_path / "nope")])
+    assert stats[str(tmp_path)] == {"exists": True, "isdir": True, "ischr": False}
+    assert stats[str(tmp_path / "file")] == {"exists": True, "isdir": False, "ischr": False}
+    assert stats["/dev/null"] == {"exists": True, "isdir": False, "ischr": True}
+    assert stats[str(tmp_path / "nope")] == {"exists": False, "isdir": False, "ischr": False}
+
+
+def test_disk_free_is_what_statvfs_gives_unprivileged_users(tmp_path):
+    st = os.statvfs(tmp_path)
+    assert probe_mod.disk_free(str(tmp_path)) == st.f_bavail * st.f_frsize
+    assert probe_mod.disk_free(str(tmp_path / "nope")) is None
+
+
+def test_containers_and_images_from_the_docker_api(docker_socket):
+    ok, msg, found = probe_mod.list_containers(docker_socket, "pd.managed-by=pd-deploy")
+    assert ok and msg == ""
+    assert found == [
+        {"name": "pd-c-decode0-dp0", "state": "running", "running": True, "hash": "h0"},
+        {"name": "pd-c-decode0-dp1", "state": "exited", "running": False, "hash": "h1"},
+        {"name": "pd-c-decode0-dp1-previous", "state": "exited", "running": False, "hash": "h-old"},
+    ]
+    missing = probe_mod.missing_images(docker_socket, ["registry.local/vllm-ascend:v0.25.1", "other:1"])
+    assert missing == ["other:1"]
+
+
+def test_containers_without_an_engine(tmp_path):
+    ok, msg, found = probe_mod.list_containers(str(tmp_path / "none.sock"), "pd.managed-by=pd-deploy")
+    assert not ok and "cannot reach the Docker engine" in msg and found == []
+
+
+def test_only_containers_running_their_current_hash_are_probed():
+    observed = [{"name": "a", "running": True, "hash": "h"}, {"name": "b", "running": True, "hash": "old"},
+                {"name": "c", "running": False, "hash": "h"}]
+    specs = [{"name": n, "hash": "h", "health_url": f"http://127.0.0.1:1/{n}"} for n in "abcd"]
+    assert probe_mod.current_checks(specs, observed, 7) == [
+        {"name": "a", "url": "http://127.0.0.1:1/a", "timeout_s": 7}]
+
+
+# ---- the modules as Ansible runs them -----------------------------------------------------------
+
+def ansible_module(name, args):
+    """Run a module on localhost with the repository's ansible.cfg; return its JSON result."""
+    env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), ANSIBLE_LOAD_CALLBACK_PLUGINS="1",
+               ANSIBLE_STDOUT_CALLBACK="ansible.builtin.json", ANSIBLE_NOCOLOR="1")
+    proc = subprocess.run([str(Path(sys.executable).parent / "ansible"), "localhost", "-c", "local",
+                           "-i", "localhost,", "-e", f"ansible_python_interpreter={sys.executable}", "-m", name, "-a", json.dumps(args)],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    data = json.loads(proc.stdout)
+    return data["plays"][0]["tasks"][0]["hosts"]["localhost"]
+
+
+@pytest.mark.ansible
+def test_pd_host_probe_runs_as_a_module(docker_socket, engine, tmp_path):
+    npu_smi = tmp_path / "npu-smi"
+    npu_smi.write_text("#!/bin/sh\necho '\tTotal Count : 8'\n")
+    npu_smi.chmod(0o755)
+    result = ansible_module("pd_host_probe", {
+        "docker_socket": docker_socket, "paths": ["/dev/null", str(tmp_path / "nope")], "npu_smi": str(npu_smi),
+        "host_facts": True, "disk_path": str(tmp_path), "images": ["other:1"],
+        "containers": [{"name": "pd-c-decode0-dp0", "hash": "h0", "health_url": f"{engine}/health"},
+                       {"name": "pd-c-decode0-dp1", "hash": "h1", "health_url": f"{engine}/sick"}],
+    })
+    assert result["changed"] is False and not result.get("failed")
+    assert result["stats"]["/dev/null"]["ischr"] and not result["stats"][str(tmp_path / "nope")]["exists"]
+    assert result["npu_smi"]["rc"] == 0 and "Total Count : 8" in result["npu_smi"]["stdout"]
+    assert "MemTotal" in result["meminfo"] and result["disk_free_bytes"] > 0
+    assert result["docker"] == {"ok": True, "msg": ""} and result["images_missing"] == ["other:1"]
+    # dp0 runs h0 and is probed; dp1 is stopped, so not probed
+    assert [h["name"] for h in result["health"]] == ["pd-c-decode0-dp0"] and result["health"][0]["ok"]
+
+
+@pytest.mark.ansible
+def test_pd_host_probe_without_npu_smi_or_docker_reports_instead_of_failing(tmp_path):
+    result = ansible_module("pd_host_probe", {"docker_socket": str(tmp_path / "none.sock"),
+                                              "npu_smi": str(tmp_path / "npu-smi")})
+    assert not result.get("failed")
+    assert result["npu_smi"]["rc"] == 127 and "No such file" in result["npu_smi"]["stderr"]
+    assert result["docker"]["ok"] is False and result["containers"] == []
+
+
+@pytest.mark.ansible
+def test_pd_http_wait_runs_as_a_module(engine):
+    result = ansible_module("pd_http_wait", {"interval": 0.2, "checks": [
+        {"name": "up", "url": f"{engine}/health", "timeout_s": 5},
+        {"name": "down", "url": f"{engine}/sick", "timeout_s": 1}]})
+    assert not result.get("failed") and result["all_ok"] is False
+    assert [(r["name"], r["ok"]) for r in result["results"]] == [("up", True), ("down", False)]
+    assert result["results"][1]["status"] == 503
+
+
+@pytest.mark.ansible
+def test_pd_http_wait_refuses_a_check_without_url():
+    result = ansible_module("pd_http_wait", {"checks": [{"name": "x", "timeout_s": 5}]})
+    assert result["failed"] and "checks[0] lacks url" in result["msg"]
