@@ -10,11 +10,6 @@ from pd_deploy.errors import PdError
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
 
 
-def _label(info, key):
-    container = (info or {}).get("container") or {}
-    return ((container.get("Config") or {}).get("Labels") or {}).get(key)
-
-
 def docker_log_text(raw):
     """Text of a Docker Engine API log body: de-framed when multiplexed, decoded as UTF-8.
 
@@ -72,28 +67,76 @@ def docker_logs(slurp_results):
     return out
 
 
-def containers_to_replace(specs, info_results):
+def _observed(containers, where):
+    """{name: container} from the ``containers`` list pd_host_probe returns."""
+    if not isinstance(containers, list) or not all(isinstance(c, Mapping) and "name" in c for c in containers):
+        raise PdError(where, "containers",
+                      "expected the list of containers pd_host_probe reports ({name, state, running, hash})",
+                      "pass the .containers of a pd_host_probe result")
+    return {c["name"]: c for c in containers}
+
+
+def spec_state(spec, observed):
+    """What runs under a spec's name: current (running this spec), stopped (this spec, not running),
+    changed (another spec or a container not ours) or absent."""
+    found = observed.get(spec["name"])
+    if found is None:
+        return "absent"
+    if found.get("hash") != spec["labels"]["pd.spec-hash"]:
+        return "changed"
+    return "current" if found.get("running") else "stopped"
+
+
+def containers_to_start(specs, containers):
+    """Specs whose container is not running them now: the only ones docker_container is called for."""
+    observed = _observed(containers, "pd_containers_to_start")
+    return [s for s in specs if spec_state(s, observed) != "current"]
+
+
+def containers_to_replace(specs, containers):
     """Names of existing containers whose ``pd.spec-hash`` label differs from their spec.
 
-    ``info_results`` are the loop results of docker_container_info over ``specs`` (same order).
     Those containers are stopped and kept as ``<name>-previous`` until the new one is healthy.
+    A container of that name without our label (started by hand) is replaced too.
     """
-    if not isinstance(specs, list) or not isinstance(info_results, list) or len(specs) != len(info_results):
-        raise PdError("pd_containers_to_replace", "info_results",
-                      "expected one docker_container_info result per launch spec",
-                      "pass the .results of a docker_container_info loop over the same specs")
+    observed = _observed(containers, "pd_containers_to_replace")
+    return [s["name"] for s in specs if spec_state(s, observed) == "changed"]
+
+
+def probe_specs(specs):
+    """The health-relevant part of launch specs, as pd_host_probe takes them."""
+    return [{"name": s["name"], "hash": s["labels"]["pd.spec-hash"], "health_url": s.get("health_url") or ""}
+            for s in specs]
+
+
+def health_checks(specs):
+    """pd_http_wait checks for launch specs: each health URL within the spec's own start timeout."""
+    return [{"name": s["name"], "url": s["health_url"], "timeout_s": s.get("health_timeout_s") or 0}
+            for s in specs if s.get("health_url")]
+
+
+def unhealthy_specs(wait_result, specs):
+    """Specs whose check in a pd_http_wait result did not end healthy (skipped waits count as healthy)."""
+    results = (wait_result or {}).get("results")
+    if (wait_result or {}).get("skipped") or results is None:
+        return []
+    ok = {r["name"] for r in results if r.get("ok")}
+    probed = {r["name"] for r in results}
+    return [s for s in specs if s["name"] in probed and s["name"] not in ok]
+
+
+def sick_current(specs, probe):
+    """Messages for containers running their current spec that did not answer the probe."""
+    results = {r["name"]: r for r in (probe or {}).get("health") or []}
     out = []
-    for spec, info in zip(specs, info_results):
-        if info.get("exists") and _label(info, "pd.spec-hash") != spec["labels"]["pd.spec-hash"]:
-            out.append(spec["name"])
+    for spec in specs:
+        res = results.get(spec["name"])
+        if res is not None and not res.get("ok"):
+            why = f"HTTP {res['status']}" if res.get("status") else (res.get("error") or "no answer")
+            out.append(f"{spec['name']} runs its current launch spec but {spec['health_url']} does not answer "
+                       f"({why}) — nothing was restarted; read its log (playbooks/collect-logs.yml), fix the "
+                       "cause, and remove the container to let the next run recreate it")
     return out
-
-
-def unhealthy_specs(health_register):
-    """Specs whose health wait did not end with HTTP 200 (from the handler's register)."""
-    results = (health_register or {}).get("results") or []
-    return [r["item"] for r in results
-            if not r.get("skipped") and r.get("status") != 200 and "item" in r]
 
 
 def rollback_message(unhealthy, logs, replaced, host, restored_unhealthy=None):
@@ -120,18 +163,6 @@ def rollback_message(unhealthy, logs, replaced, host, restored_unhealthy=None):
     lines.append("Fix the launch spec (playbooks/deploy-pd.yml -e pd_render_only=true shows it), "
                  "or run playbooks/collect-logs.yml for the full logs, then re-run the deploy.")
     return "\n".join(lines)
-
-
-def listening_ports(ss_output):
-    """TCP ports in LISTEN state from ``ss -Hltn`` output."""
-    ports = set()
-    for line in (ss_output or "").splitlines():
-        fields = line.split()
-        if len(fields) >= 4:
-            match = re.search(r":(\d+)$", fields[3])
-            if match:
-                ports.add(int(match.group(1)))
-    return sorted(ports)
 
 
 def spec_ports(spec):
@@ -164,10 +195,12 @@ def port_conflicts(specs, in_use, own_running):
 FILTERS = {
     "pd_clean_log": clean_log,
     "pd_docker_logs": docker_logs,
+    "pd_containers_to_start": containers_to_start,
     "pd_containers_to_replace": containers_to_replace,
+    "pd_probe_specs": probe_specs,
+    "pd_health_checks": health_checks,
     "pd_unhealthy_specs": unhealthy_specs,
     "pd_rollback_message": rollback_message,
-    "pd_listening_ports": listening_ports,
     "pd_spec_ports": spec_ports,
     "pd_port_conflicts": port_conflicts,
 }

@@ -9,7 +9,7 @@ them are returned at once, and specs are only rendered for clusters without erro
 import jsonschema
 
 from pd_deploy import capacity, datafiles, model, rules, sizes
-from pd_deploy.containers import spec_ports
+from pd_deploy.containers import spec_ports, spec_state
 from pd_deploy.errors import PdError
 
 HOST_VARS = ("pd_host_address", "pd_npus", "pd_npu_first", "pd_hbm_per_npu", "pd_host_ram",
@@ -256,6 +256,41 @@ def rollout_batches(play_hosts, hosts):
     return batches or [1]
 
 
+def rollout_targets(plan, probes, play_hosts):
+    """Which clusters a deploy must roll, from what pd_host_probe found on every host of the play.
+
+    A cluster is rolled when any of its containers (engine ranks, proxy) on a host of the play is not
+    running its current launch spec; the others were only probed (health) and are left as they are.
+    ``probes`` is {host: pd_host_probe result}. Returns {"hosts": [hosts of the clusters to roll, in
+    play order], "batches": the play's serial list for them, "changed": [clusters], "unchanged":
+    [clusters], "pending": {host: [container names not running their spec]}}.
+    """
+    if not isinstance(probes, dict):
+        raise PdError("pd_rollout_targets", "probes", "expected {host: pd_host_probe result}",
+                      "pass the registered probe of every play host (roles/pd_prechecks)")
+    pending = {}
+    touched = []
+    for host in play_hosts:
+        entry = plan["hosts"].get(host)
+        if entry is None:
+            continue
+        if entry["cluster"] not in touched:
+            touched.append(entry["cluster"])
+        probe = probes.get(host)
+        if not isinstance(probe, dict) or "containers" not in probe:
+            raise PdError("pd_rollout_targets", f"probes.{host}", "this host was not probed",
+                          "run roles/pd_prechecks on every host of the play before the rollout")
+        observed = {c["name"]: c for c in probe["containers"]}
+        names = [s["name"] for s in entry["specs"] + ([entry["proxy"]] if entry.get("proxy") else [])
+                 if spec_state(s, observed) != "current"]
+        if names:
+            pending[host] = names
+    changed = [c for c in touched if any(plan["hosts"][h]["cluster"] == c for h in pending)]
+    hosts = [h for h in play_hosts if h in plan["hosts"] and plan["hosts"][h]["cluster"] in changed]
+    return {"hosts": hosts, "batches": rollout_batches(hosts, plan["hosts"]) if hosts else [1],
+            "changed": changed, "unchanged": [c for c in touched if c not in changed], "pending": pending}
+
+
 def human(n):
     """Bytes as a short binary size for summaries."""
     return sizes.to_human(n)
@@ -264,4 +299,5 @@ def human(n):
 FILTERS = {
     "pd_fleet_plan": plan_fleet,
     "pd_shape_violations": shape_violations,
+    "pd_rollout_targets": rollout_targets,
 }

@@ -1,6 +1,7 @@
 """Judge what the prechecks role read on one host against what its launch specs need.
 
-The role only gathers facts (stat, npu-smi, /proc/meminfo, ss, df, docker); every decision is here,
+The role reads the host with one pd_host_probe run (paths, npu-smi, /proc/meminfo, listening ports,
+free disk, Docker, images, health of containers already running their spec); every decision is here,
 as a pure function returning one message per problem, each naming what is missing and what to do.
 """
 
@@ -8,7 +9,7 @@ import base64
 import re
 
 from pd_deploy import sizes
-from pd_deploy.containers import listening_ports, port_conflicts
+from pd_deploy.containers import port_conflicts, sick_current
 
 
 def required_paths(specs):
@@ -40,29 +41,31 @@ def mem_total_bytes(meminfo):
     return int(match.group(1)) * 1024 if match else None
 
 
-def df_avail_bytes(df_stdout):
-    """Available bytes from ``df -Pk PATH`` (second line, fourth column)."""
-    lines = (df_stdout or "").strip().splitlines()
-    if len(lines) < 2:
-        return None
-    fields = lines[-1].split()
-    return int(fields[3]) * 1024 if len(fields) >= 4 and fields[3].isdigit() else None
-
-
 def problems(facts):
-    """Every precheck failure of one host as a list of ``host: what — what to do`` strings.
+    """Every problem of one host as a list of ``host: what — what to do`` strings.
 
-    ``facts``: host, specs, model_path, docker_ok, docker_msg, stats ({path: {exists, isdir, ischr}}),
-    npu_smi_rc, npu_smi_stdout, npus_needed, meminfo, ram_reserve_bytes, ss_stdout, df_stdout,
-    min_free_disk_bytes, images_missing (list), own_running (list of names).
+    ``facts``: host, specs, model_path, npus_needed, ram_reserve_bytes, min_free_disk_bytes, probe (the
+    pd_host_probe result), checks (false with pd_prechecks_skip: only Docker and the health of
+    containers already running their spec are judged).
     """
     host = facts["host"]
     specs = facts["specs"]
+    probe = facts.get("probe") or {}
+    docker = probe.get("docker") or {}
     out = []
-    if not facts.get("docker_ok"):
-        out.append(f"Docker engine not reachable ({facts.get('docker_msg') or 'no answer'}) — install and "
+    if not docker.get("ok"):
+        out.append(f"Docker engine not reachable ({docker.get('msg') or 'no answer'}) — install and "
                    "start Docker (systemctl start docker) or point pd_container_docker_socket at its socket")
-    stats = facts.get("stats") or {}
+    if facts.get("checks", True):
+        out.extend(_host_problems(facts, probe))
+    out.extend(sick_current(specs, probe))
+    return [f"{host}: {p}" for p in out]
+
+
+def _host_problems(facts, probe):
+    specs = facts["specs"]
+    out = []
+    stats = probe.get("stats") or {}
     model = facts.get("model_path")
     for path in required_paths(specs):
         if path == model:
@@ -74,17 +77,20 @@ def problems(facts):
                        "(or fix pd_ascend_root / pd_npus / pd_npu_first in its host_vars)")
         elif "/dev/" in path and not st.get("ischr"):
             out.append(f"{path} exists but is not a character device — check the Ascend driver installation")
-    if facts.get("npu_smi_rc") != 0:
-        out.append("npu-smi info -l failed — check the driver (npu-smi is in /usr/local/bin on Ascend hosts)")
+    npu_smi = probe.get("npu_smi") or {}
+    if npu_smi.get("rc") != 0:
+        why = (npu_smi.get("stderr") or "").strip().splitlines()[-1:] or ["no output"]
+        out.append(f"npu-smi info -l failed ({why[0]}) — check the driver (npu-smi is in /usr/local/bin "
+                   "on Ascend hosts)")
     else:
-        count = npu_count(facts.get("npu_smi_stdout"))
+        count = npu_count(npu_smi.get("stdout"))
         if count is None:
             out.append("npu-smi info -l printed no 'Total Count' — check the driver version")
         elif count < facts.get("npus_needed", 0):
             out.append(f"npu-smi reports {count} NPUs but this host's ranks use {facts['npus_needed']} — "
                        "fix pd_npus in host_vars or move ranks to another host")
     pinned = sum(s.get("pinned_offload_bytes") or 0 for s in specs)
-    mem = mem_total_bytes(facts.get("meminfo"))
+    mem = mem_total_bytes(probe.get("meminfo"))
     reserve = facts.get("ram_reserve_bytes") or 0
     if mem is None:
         out.append("could not read MemTotal from /proc/meminfo")
@@ -96,16 +102,17 @@ def problems(facts):
         st = stats.get(model) or {}
         if not st.get("isdir"):
             out.append(f"model directory {model} is missing — copy the model there or fix pd_cluster.model.path")
-        avail = df_avail_bytes(facts.get("df_stdout"))
+        avail = probe.get("disk_free_bytes")
         need = facts.get("min_free_disk_bytes") or 0
         if avail is not None and avail < need:
             out.append(f"only {sizes.to_human(avail)} free on the filesystem of {model}, need "
                        f"{sizes.to_human(need)} — free disk space or lower pd_prechecks_min_free_disk")
-    out.extend(port_conflicts(specs, listening_ports(facts.get("ss_stdout")), facts.get("own_running")))
-    for image in facts.get("images_missing") or []:
+    own = [c["name"] for c in probe.get("containers") or [] if c.get("running")]
+    out.extend(port_conflicts(specs, probe.get("listening_ports") or [], own))
+    for image in probe.get("images_missing") or []:
         out.append(f"image {image} is not on this host — docker load it (registries may be unreachable) "
                    "or run with -e pd_container_pull=missing to pull it")
-    return [f"{host}: {p}" for p in out]
+    return out
 
 
 FILTERS = {

@@ -71,14 +71,24 @@ def capacity_files(plan):
     return out
 
 
-def rollout_summary(plan, play_hosts):
-    """Lines naming, per cluster touched by the play, each container with its host and port."""
+def rollout_summary(plan, play_hosts, targets=None):
+    """Lines naming, per cluster touched by the play, each container with its host and port.
+
+    With ``targets`` (pd_rollout_targets) each cluster says whether it was rolled out or found
+    running its launch specs and left as it was.
+    """
     out = []
     hosts = set(play_hosts or [])
+    changed = set((targets or {}).get("changed") or [])
     for name, summary in plan["clusters"].items():
         if not hosts.intersection(summary["hosts"]):
             continue
-        out.append(f"{name}:")
+        if targets is None:
+            out.append(f"{name}:")
+        elif name in changed:
+            out.append(f"{name}: rolled out")
+        else:
+            out.append(f"{name}: unchanged (every container runs its launch spec and answered its health URL)")
         for host in summary["hosts"]:
             for spec in plan["hosts"][host]["specs"]:
                 out.append(f"  {spec['name']} on {host} port {spec['ports']['http']}")

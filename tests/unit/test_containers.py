@@ -14,55 +14,81 @@ def spec(name, spec_hash="h-" + "0" * 8, http=8200, dp_rank=0, kv=(30100, 30108)
     return out
 
 
-def info(exists, spec_hash=None):
-    """One result of a docker_container_info loop (the parts the role reads)."""
-    if not exists:
-        return {"exists": False, "container": None}
-    return {"exists": True, "container": {"Name": "/x", "Config": {"Labels": {"pd.spec-hash": spec_hash}}}}
+def seen(name, spec_hash, running=True):
+    """One container as pd_host_probe lists it."""
+    return {"name": name, "state": "running" if running else "exited", "running": running, "hash": spec_hash}
 
 
-# ---- containers_to_replace ----------------------------------------------------------------------
+# ---- spec_state / containers_to_start / containers_to_replace -------------------------------------
 
-def test_only_existing_containers_with_a_different_hash_are_replaced():
-    specs = [spec("missing", "aaa"), spec("same", "bbb"), spec("changed", "ccc")]
-    results = [info(False), info(True, "bbb"), info(True, "old-ccc")]
-    assert containers.containers_to_replace(specs, results) == ["changed"]
+def test_each_spec_gets_the_state_of_what_runs_under_its_name():
+    specs = [spec("missing", "aaa"), spec("same", "bbb"), spec("changed", "ccc"), spec("stopped", "ddd")]
+    observed = [seen("same", "bbb"), seen("changed", "old-ccc"), seen("stopped", "ddd", running=False),
+                seen("other", "zzz")]
+    by_name = {c["name"]: c for c in observed}
+    assert [containers.spec_state(s, by_name) for s in specs] == ["absent", "current", "changed", "stopped"]
+    # only what does not run its spec is passed to docker_container
+    assert [s["name"] for s in containers.containers_to_start(specs, observed)] == ["missing", "changed", "stopped"]
+    # only a container with another spec is kept as <name>-previous; a stopped one of the same spec is started
+    assert containers.containers_to_replace(specs, observed) == ["changed"]
 
 
 def test_existing_container_without_our_label_is_replaced():
     # a container of that name started by hand (no pd.spec-hash) must not be kept as if current
-    results = [{"exists": True, "container": {"Config": {"Labels": None}}}]
-    assert containers.containers_to_replace([spec("x", "aaa")], results) == ["x"]
+    assert containers.containers_to_replace([spec("x", "aaa")], [seen("x", "")]) == ["x"]
 
 
-def test_nothing_replaced_when_everything_matches():
+def test_nothing_to_start_or_replace_when_everything_runs_its_spec():
     specs = [spec(f"r{i}", f"h{i}") for i in range(3)]
-    assert containers.containers_to_replace(specs, [info(True, f"h{i}") for i in range(3)]) == []
+    observed = [seen(f"r{i}", f"h{i}") for i in range(3)]
+    assert containers.containers_to_start(specs, observed) == []
+    assert containers.containers_to_replace(specs, observed) == []
 
 
-@pytest.mark.parametrize("results", [[], [info(False), info(False)], None])
-def test_results_must_pair_with_specs(results):
-    with pytest.raises(PdError) as err:
-        containers.containers_to_replace([spec("a")], results)
-    assert err.value.where == "pd_containers_to_replace"
+@pytest.mark.parametrize("observed", [None, {"a": 1}, [{"state": "running"}], ["a"]])
+def test_observed_containers_must_be_the_probe_list(observed):
+    for func, where in ((containers.containers_to_start, "pd_containers_to_start"),
+                        (containers.containers_to_replace, "pd_containers_to_replace")):
+        with pytest.raises(PdError) as err:
+            func([spec("a")], observed)
+        assert err.value.where == where and "pd_host_probe" in err.value.fix
 
 
-# ---- unhealthy_specs ----------------------------------------------------------------------------
+def test_probe_specs_and_health_checks_carry_name_hash_url_and_timeout():
+    specs = [spec("a", "h1", http=8200), {"name": "p", "labels": {"pd.spec-hash": "h2"}, "health_url": None}]
+    assert containers.probe_specs(specs) == [
+        {"name": "a", "hash": "h1", "health_url": "http://127.0.0.1:8200/health"},
+        {"name": "p", "hash": "h2", "health_url": ""}]
+    assert containers.health_checks(specs) == [
+        {"name": "a", "url": "http://127.0.0.1:8200/health", "timeout_s": 1800}]
 
-def test_unhealthy_specs_are_those_without_a_200():
+
+def test_unhealthy_specs_are_those_whose_wait_did_not_end_ok():
     a, b, c, d = spec("a"), spec("b"), spec("c"), spec("d")
-    register = {"results": [
-        {"item": a, "status": 200},
-        {"item": b, "status": 503},
-        {"item": c, "status": -1, "msg": "Connection refused"},
-        {"item": d, "skipped": True},
-    ]}
-    assert containers.unhealthy_specs(register) == [b, c]
+    wait = {"results": [
+        {"name": "a", "ok": True, "status": 200},
+        {"name": "b", "ok": False, "status": 503},
+        {"name": "c", "ok": False, "status": 0, "error": "ConnectionRefusedError: [Errno 111]"},
+    ], "all_ok": False}
+    # d was not waited for (its container ran its spec already): not unhealthy
+    assert containers.unhealthy_specs(wait, [a, b, c, d]) == [b, c]
 
 
-@pytest.mark.parametrize("register", [None, {}, {"results": []}, {"skipped": True}])
-def test_no_started_containers_means_none_unhealthy(register):
-    assert containers.unhealthy_specs(register) == []
+@pytest.mark.parametrize("wait", [None, {}, {"results": []}, {"skipped": True, "results": []},
+                                  {"skipped": True, "skip_reason": "Conditional result was False"}])
+def test_a_skipped_or_absent_wait_has_no_unhealthy_spec(wait):
+    assert containers.unhealthy_specs(wait, [spec("a")]) == []
+
+
+def test_sick_current_names_only_running_specs_that_failed_their_probe():
+    a, b = spec("a", http=8200), spec("b", http=8201)
+    probe = {"health": [{"name": "a", "ok": True, "status": 200},
+                        {"name": "b", "ok": False, "status": 0, "error": "TimeoutError: timed out"}]}
+    msgs = containers.sick_current([a, b], probe)
+    assert len(msgs) == 1
+    assert msgs[0].startswith("b runs its current launch spec but http://127.0.0.1:8201/health does not answer "
+                              "(TimeoutError: timed out)")
+    assert containers.sick_current([a, b], {}) == []
 
 
 # ---- rollback_message ---------------------------------------------------------------------------
@@ -102,27 +128,8 @@ def test_rollback_message_quotes_only_the_last_log_lines():
     assert "log line 84\n" not in text + "\n"
 
 
-# ---- listening_ports ----------------------------------------------------------------------------
-
-# `ss -Hltn` on an Ascend host (iproute2 6.x): state, recv-q, send-q, local address:port, peer
-SS_OUTPUT = """\
-LISTEN 0      4096         0.0.0.0:22         0.0.0.0:*
-LISTEN 0      4096   127.0.0.53%lo:53         0.0.0.0:*
-LISTEN 0      128        127.0.0.1:8200       0.0.0.0:*
-LISTEN 0      511                *:30104            *:*
-LISTEN 0      4096            [::]:22            [::]:*
-LISTEN 0      128    [::ffff:10.0.0.12]:13399      *:*
-LISTEN 0      100            [::1]:25            [::]:*
-"""
-
-
-def test_listening_ports_from_real_ss_output():
-    assert containers.listening_ports(SS_OUTPUT) == [22, 25, 53, 8200, 13399, 30104]
-
-
-@pytest.mark.parametrize("text", ["", None, "garbage\n", "State Recv-Q Send-Q Local Address:Port Peer Address:Port\n"])
-def test_listening_ports_of_nothing(text):
-    assert containers.listening_ports(text) == []
+# ports in LISTEN state on an Ascend host (what pd_host_probe reads from /proc/net/tcp{,6})
+IN_USE = [22, 25, 53, 8200, 13399, 30104]
 
 
 # ---- port_conflicts -----------------------------------------------------------------------------
@@ -138,7 +145,7 @@ def test_spec_ports_cover_http_dp_rpc_on_rank_0_and_the_kv_range():
 
 def test_port_conflicts_names_busy_ports_and_the_container():
     specs = [spec("pd-c-decode0-dp0", http=8200, dp_rank=0), spec("pd-c-decode0-dp1", http=8201, dp_rank=1)]
-    msgs = containers.port_conflicts(specs, containers.listening_ports(SS_OUTPUT), [])
+    msgs = containers.port_conflicts(specs, IN_USE, [])
     # 8200, 13399 and 30104 (in the kv range) belong to dp0; dp1 only shares the kv range
     assert msgs[0].startswith("ports 8200, 13399, 30104 needed by pd-c-decode0-dp0 are already in use")
     assert msgs[1].startswith("ports 30104 needed by pd-c-decode0-dp1 are already in use")
@@ -148,7 +155,7 @@ def test_port_conflicts_names_busy_ports_and_the_container():
 
 def test_port_conflicts_ignore_our_own_running_containers():
     specs = [spec("pd-c-decode0-dp0", http=8200, dp_rank=0), spec("pd-c-decode0-dp1", http=8201, dp_rank=1)]
-    in_use = containers.listening_ports(SS_OUTPUT)
+    in_use = IN_USE
     assert containers.port_conflicts(specs, in_use, ["pd-c-decode0-dp0", "pd-c-decode0-dp1"]) == []
     # only the not-yet-running one is judged
     msgs = containers.port_conflicts(specs, in_use, ["pd-c-decode0-dp0"])
@@ -157,7 +164,7 @@ def test_port_conflicts_ignore_our_own_running_containers():
 
 def test_free_ports_give_no_conflict():
     specs = [spec("a", http=9100, kv=(31000, 31008), dp_rpc=14000)]
-    assert containers.port_conflicts(specs, containers.listening_ports(SS_OUTPUT), []) == []
+    assert containers.port_conflicts(specs, IN_USE, []) == []
 
 
 def test_clean_log_strips_control_bytes_but_keeps_lines():

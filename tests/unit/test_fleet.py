@@ -9,6 +9,7 @@ import copy
 import pytest
 
 from pd_deploy import fleet
+from pd_deploy.errors import PdError
 
 
 # ---- helpers ------------------------------------------------------------------------------------
@@ -311,3 +312,98 @@ def test_plan_does_not_modify_the_fleet():
     before = copy.deepcopy(f)
     fleet.plan_fleet(f)
     assert f == before
+
+
+# ---- rollout targets: which clusters a deploy rolls ---------------------------------------------
+
+HOSTS = ["a-p0", "a-d0", "b-p0", "b-d0", "b-d1"]
+
+
+def converged_probes(plan, hosts=HOSTS):
+    """pd_host_probe results of a fleet where every container runs its launch spec."""
+    out = {}
+    for host in hosts:
+        entry = plan["hosts"][host]
+        specs = entry["specs"] + ([entry["proxy"]] if entry["proxy"] else [])
+        out[host] = {"containers": [{"name": s["name"], "state": "running", "running": True,
+                                     "hash": s["labels"]["pd.spec-hash"]} for s in specs]}
+    return out
+
+
+def test_a_converged_fleet_rolls_nothing():
+    plan = fleet.plan_fleet(example_fleet())
+    targets = fleet.rollout_targets(plan, converged_probes(plan), HOSTS)
+    assert targets == {"hosts": [], "batches": [1], "changed": [], "unchanged": ["cluster_a", "cluster_b"],
+                       "pending": {}}
+
+
+def test_a_fresh_fleet_rolls_every_cluster_in_play_order():
+    plan = fleet.plan_fleet(example_fleet())
+    targets = fleet.rollout_targets(plan, {h: {"containers": []} for h in HOSTS}, HOSTS)
+    assert targets["hosts"] == HOSTS and targets["batches"] == [2, 3]
+    assert targets["changed"] == ["cluster_a", "cluster_b"] and targets["unchanged"] == []
+    assert targets["pending"]["b-d1"] == ["pd-cluster_b-decode0-dp2", "pd-cluster_b-decode0-dp3"]
+
+
+@pytest.mark.parametrize("container_change", [
+    {"hash": "an-older-spec"},                   # the spec changed
+    {"running": False, "state": "exited"},       # same spec, stopped
+    None,                                        # removed
+])
+def test_one_container_not_running_its_spec_rolls_its_whole_cluster_only(container_change):
+    plan = fleet.plan_fleet(example_fleet())
+    probes = converged_probes(plan)
+    rank = probes["b-d1"]["containers"][1]
+    if container_change is None:
+        probes["b-d1"]["containers"].remove(rank)
+    else:
+        rank.update(container_change)
+    targets = fleet.rollout_targets(plan, probes, HOSTS)
+    # every host of cluster_b goes through the rollout (D before P before proxy), cluster_a is left alone
+    assert targets["hosts"] == ["b-p0", "b-d0", "b-d1"] and targets["batches"] == [3]
+    assert targets["changed"] == ["cluster_b"] and targets["unchanged"] == ["cluster_a"]
+    assert targets["pending"] == {"b-d1": [rank["name"]]}
+
+
+def test_a_changed_proxy_rolls_its_cluster():
+    plan = fleet.plan_fleet(example_fleet())
+    probes = converged_probes(plan)
+    proxy = plan["clusters"]["cluster_a"]["proxy"]
+    for c in probes[proxy["host"]]["containers"]:
+        if c["name"] == proxy["name"]:
+            c["hash"] = "old"
+    targets = fleet.rollout_targets(plan, probes, HOSTS)
+    assert targets["changed"] == ["cluster_a"] and targets["hosts"] == ["a-p0", "a-d0"]
+
+
+def test_targets_follow_the_play_hosts():
+    plan = fleet.plan_fleet(example_fleet(limit=["b-p0", "b-d0", "b-d1"]))
+    play = ["b-p0", "b-d0", "b-d1"]
+    targets = fleet.rollout_targets(plan, {h: {"containers": []} for h in play}, play)
+    assert targets["hosts"] == play and targets["changed"] == ["cluster_b"] and targets["unchanged"] == []
+
+
+def test_a_host_without_probe_is_refused():
+    plan = fleet.plan_fleet(example_fleet())
+    probes = converged_probes(plan)
+    del probes["a-d0"]
+    with pytest.raises(PdError) as err:
+        fleet.rollout_targets(plan, probes, HOSTS)
+    assert err.value.field == "probes.a-d0" and "pd_prechecks" in err.value.fix
+    with pytest.raises(PdError):
+        fleet.rollout_targets(plan, None, HOSTS)
+
+
+def test_rollout_summary_says_which_clusters_were_rolled_and_which_left_alone():
+    from pd_deploy import report
+    plan = fleet.plan_fleet(example_fleet())
+    probes = converged_probes(plan)
+    probes["a-d0"]["containers"] = []
+    targets = fleet.rollout_targets(plan, probes, HOSTS)
+    lines = report.rollout_summary(plan, HOSTS, targets)
+    assert lines[0] == "cluster_a: rolled out"
+    assert "  pd-cluster_a-decode0-dp0 on a-d0 port 8200" in lines
+    assert "cluster_b: unchanged (every container runs its launch spec and answered its health URL)" in lines
+    # without targets (render-only) the clusters are just listed; hosts outside the play are left out
+    assert report.rollout_summary(plan, ["a-p0"])[0] == "cluster_a:"
+    assert not any(line.startswith("cluster_b") for line in report.rollout_summary(plan, ["a-p0"]))

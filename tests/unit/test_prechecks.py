@@ -40,10 +40,6 @@ NPU_SMI = """\
 \tNPU ID                         : 0
 \tChip Count                     : 1
 """
-DF_OK = """\
-Filesystem     1024-blocks      Used  Available Capacity Mounted on
-/dev/nvme0n1p1  3750000000 100000000 3650000000       3% /data
-"""
 
 
 def meminfo(total_bytes):
@@ -51,21 +47,26 @@ def meminfo(total_bytes):
 
 
 def good_facts():
+    """What pd_host_probe reports on a healthy decode host, with the role's other inputs."""
     stats = {}
     for path in prechecks.required_paths(SPECS):
         stats[path] = {"exists": True, "isdir": False, "ischr": path.startswith("/dev/")}
     stats[MODEL_PATH] = {"exists": True, "isdir": True, "ischr": False}
-    return {
-        "host": HOST, "specs": copy.deepcopy(SPECS), "model_path": MODEL_PATH,
-        "docker_ok": True, "docker_msg": "",
+    probe = {
+        "changed": False,
         "stats": stats,
-        "npu_smi_rc": 0, "npu_smi_stdout": NPU_SMI, "npus_needed": 8,
-        # slurp returns base64
-        "meminfo": base64.b64encode(meminfo(512 * GIB).encode()).decode(),
-        "ram_reserve_bytes": RESERVE,
-        "ss_stdout": "LISTEN 0      4096         0.0.0.0:22         0.0.0.0:*\n",
-        "df_stdout": DF_OK, "min_free_disk_bytes": 10 * GIB,
-        "images_missing": [], "own_running": [],
+        "npu_smi": {"rc": 0, "stdout": NPU_SMI, "stderr": ""},
+        "meminfo": meminfo(512 * GIB),
+        "listening_ports": [22],
+        "disk_free_bytes": 3650000000 * KIB,
+        "docker": {"ok": True, "msg": ""},
+        "containers": [],
+        "images_missing": [],
+        "health": [],
+    }
+    return {
+        "host": HOST, "specs": copy.deepcopy(SPECS), "model_path": MODEL_PATH, "npus_needed": 8,
+        "ram_reserve_bytes": RESERVE, "min_free_disk_bytes": 10 * GIB, "probe": probe, "checks": True,
     }
 
 
@@ -85,38 +86,52 @@ def test_required_paths_cover_the_ranks_devices_and_driver_mounts():
 
 def _set(key, value):
     def change(facts):
-        facts[key] = value
+        facts["probe"][key] = value
     return change
 
 
 def _stat(path, **st):
     def change(facts):
-        facts["stats"][path] = st
+        facts["probe"]["stats"][path] = st
+    return change
+
+
+def _sick(name, **result):
+    def change(facts):
+        spec = next(s for s in facts["specs"] if s["name"] == name)
+        facts["probe"]["containers"].append({"name": name, "state": "running", "running": True,
+                                             "hash": spec["labels"]["pd.spec-hash"]})
+        facts["probe"]["health"].append({"name": name, "url": spec["health_url"], "ok": False, **result})
     return change
 
 
 CASES = [
-    ("docker down", _set("docker_ok", False), ["Docker engine not reachable", "systemctl start docker"]),
+    ("docker down", _set("docker", {"ok": False, "msg": "cannot reach the Docker engine"}),
+     ["Docker engine not reachable (cannot reach the Docker engine)", "systemctl start docker"]),
     ("device node missing", _stat("/dev/davinci5", exists=False),
      ["device node /dev/davinci5 is missing", "install the Ascend driver"]),
     ("device not a char device", _stat("/dev/davinci_manager", exists=True, ischr=False),
      ["/dev/davinci_manager exists but is not a character device"]),
     ("driver file missing", _stat("/usr/local/Ascend/driver/lib64", exists=False),
      ["driver path /usr/local/Ascend/driver/lib64 is missing"]),
-    ("npu-smi fails", _set("npu_smi_rc", 127), ["npu-smi info -l failed"]),
-    ("npu-smi count low", _set("npu_smi_stdout", NPU_SMI.replace(": 8", ": 4")),
+    ("npu-smi fails", _set("npu_smi", {"rc": 127, "stdout": "", "stderr": "[Errno 2] No such file"}),
+     ["npu-smi info -l failed ([Errno 2] No such file)"]),
+    ("npu-smi count low", _set("npu_smi", {"rc": 0, "stdout": NPU_SMI.replace(": 8", ": 4")}),
      ["npu-smi reports 4 NPUs but this host's ranks use 8", "pd_npus"]),
-    ("npu-smi unreadable", _set("npu_smi_stdout", "Error: no device\n"), ["no 'Total Count'"]),
+    ("npu-smi unreadable", _set("npu_smi", {"rc": 0, "stdout": "Error: no device\n"}), ["no 'Total Count'"]),
     ("RAM short", _set("meminfo", meminfo(256 * GIB)),
      ["RAM 256GiB < pinned CPU offload 200GiB + reserve 128GiB", "lower cpu_offload"]),
     ("model dir missing", _stat(MODEL_PATH, exists=False, isdir=False),
      [f"model directory {MODEL_PATH} is missing", "pd_cluster.model.path"]),
-    ("disk low", _set("df_stdout", DF_OK.replace("3650000000", str(5 * GIB // KIB))),
+    ("disk low", _set("disk_free_bytes", 5 * GIB),
      [f"only 5GiB free on the filesystem of {MODEL_PATH}, need 10GiB"]),
-    ("port busy", _set("ss_stdout", "LISTEN 0      128        0.0.0.0:8201       0.0.0.0:*\n"),
+    ("port busy", _set("listening_ports", [22, 8201]),
      ["ports 8201 needed by pd-cluster_a-decode0-dp1 are already in use"]),
     ("image missing", _set("images_missing", ["quay.io/ascend/vllm-ascend:v0.25.1"]),
      ["image quay.io/ascend/vllm-ascend:v0.25.1 is not on this host", "pd_container_pull=missing"]),
+    ("running rank does not answer", _sick("pd-cluster_a-decode0-dp0", status=503, error="HTTP 503"),
+     ["pd-cluster_a-decode0-dp0 runs its current launch spec but http://127.0.0.1:8200/health does not "
+      "answer (HTTP 503)", "nothing was restarted", "collect-logs.yml"]),
 ]
 
 
@@ -142,31 +157,50 @@ def test_every_failing_fact_at_once_gives_every_message():
     assert all(m.startswith(f"{HOST}: ") for m in found)
 
 
-def test_ram_is_read_from_plain_meminfo_text_too():
-    facts = good_facts()
-    facts["meminfo"] = meminfo(256 * GIB)
-    assert prechecks.mem_total_bytes(facts["meminfo"]) == 256 * GIB
-    assert len(prechecks.problems(facts)) == 1
+def test_ram_is_read_from_base64_meminfo_too():
+    text = meminfo(256 * GIB)
+    assert prechecks.mem_total_bytes(text) == 256 * GIB
+    assert prechecks.mem_total_bytes(base64.b64encode(text.encode()).decode()) == 256 * GIB
+    assert prechecks.mem_total_bytes("not base64 and no MemTotal") is None
 
 
 def test_ram_just_enough_passes():
     facts = good_facts()
-    facts["meminfo"] = meminfo(PINNED + RESERVE)
+    facts["probe"]["meminfo"] = meminfo(PINNED + RESERVE)
     assert prechecks.problems(facts) == []
-    facts["meminfo"] = meminfo(PINNED + RESERVE - GIB)
+    facts["probe"]["meminfo"] = meminfo(PINNED + RESERVE - GIB)
     assert len(prechecks.problems(facts)) == 1
 
 
 def test_busy_port_of_our_own_running_container_is_fine():
     facts = good_facts()
-    facts["ss_stdout"] = "LISTEN 0      128        0.0.0.0:8201       0.0.0.0:*\n"
-    facts["own_running"] = ["pd-cluster_a-decode0-dp1"]
+    facts["probe"]["listening_ports"] = [22, 8201]
+    facts["probe"]["containers"] = [{"name": "pd-cluster_a-decode0-dp1", "state": "running", "running": True,
+                                     "hash": "old"}]
+    assert prechecks.problems(facts) == []
+    # a stopped container of ours does not hold the port: the listener is something else
+    facts["probe"]["containers"][0].update(state="exited", running=False)
+    assert len(prechecks.problems(facts)) == 1
+
+
+def test_skipped_checks_still_judge_docker_and_running_containers():
+    facts = good_facts()
+    for _, change, _ in CASES:
+        change(facts)
+    facts["checks"] = False
+    found = prechecks.problems(facts)
+    assert len(found) == 2
+    assert "Docker engine not reachable" in found[0] and "does not answer" in found[1]
+
+
+def test_a_healthy_running_rank_is_no_problem():
+    facts = good_facts()
+    spec = facts["specs"][0]
+    facts["probe"]["health"] = [{"name": spec["name"], "url": spec["health_url"], "ok": True, "status": 200}]
     assert prechecks.problems(facts) == []
 
 
 def test_helpers_read_real_command_output():
     assert prechecks.npu_count(NPU_SMI) == 8
     assert prechecks.npu_count("") is None
-    assert prechecks.df_avail_bytes(DF_OK) == 3650000000 * KIB
-    assert prechecks.df_avail_bytes("df: /nope: No such file or directory\n") is None
-    assert prechecks.mem_total_bytes("not base64 and no MemTotal") is None
+    assert prechecks.npu_count(None) is None
