@@ -389,6 +389,15 @@ class TestFaults:
         assert http("GET", srv.url + "/health")[0] == 503
         assert http("POST", srv.url + "/v1/completions", {"prompt": "x"})[0] == 503
 
+    def test_a_running_engine_can_be_wedged_and_healed(self, servers):
+        srv = servers.engine()
+        assert http("GET", srv.url + "/health")[0] == 200
+        assert http_json("POST", srv.url + "/standin/health", {"healthy": False}) == (200, {"healthy": False})
+        assert http("GET", srv.url + "/health")[0] == 503
+        assert http("POST", srv.url + "/v1/completions", {"prompt": "x"})[0] == 503
+        http_json("POST", srv.url + "/standin/health", {"healthy": True})
+        assert http("GET", srv.url + "/health")[0] == 200
+
     def test_exit_after_start(self, servers):
         srv = servers.engine(env=clean_env(PD_STANDIN_FAULT="exit_after_start", PD_STANDIN_EXIT_AFTER="0.5"))
         assert srv.proc.wait(timeout=10) == 1
