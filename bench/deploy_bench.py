@@ -6,7 +6,7 @@ engines take is known and the rest is the tool's own cost. Prints figures; asser
 timing. It does check what must hold whatever the speed: the no-op re-run reports changed=0 and
 restarts no container.
 
-    .venv/bin/python bench/deploy_bench.py [--delay 20] [--keep]
+    .venv/bin/python bench/deploy_bench.py [--delay 20] [--keep] [--profile]
 
 Needs root and a Docker engine (tests/harness/ensure-docker.sh installs one); it runs
 `molecule create` / `destroy` for the scenario, so do not run Molecule tests at the same time.
@@ -24,6 +24,8 @@ import tempfile
 import time
 
 import yaml
+
+from bench import aggregate, profile_sections  # bench/bench.py, next to this script
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCENARIO = "multicluster"
@@ -87,6 +89,8 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--delay", type=int, default=20, help="stand-in engine start delay in seconds (20)")
     parser.add_argument("--keep", action="store_true", help="keep the simulated hosts and containers")
+    parser.add_argument("--profile", type=int, nargs="?", const=15, default=0, metavar="TOP",
+                        help="time the first deploy's tasks with profile_tasks and print the TOP (15) slowest")
     args = parser.parse_args(argv)
 
     env = dict(os.environ, PATH=f"{BIN}:{os.environ.get('PATH', '')}", ANSIBLE_NOCOLOR="1",
@@ -106,7 +110,9 @@ def main(argv=None):
                 "-e", f"pd_plan_build_dir={workdir}/build", "-e", "pd_container_health_delay=1"]
         ping = [os.path.join(BIN, "ansible"), "pd_clusters", "-m", "ansible.builtin.ping", "-i", inventory]
         t_ping, _ = sh(ping, env)
-        t_first, first = sh(play, env)
+        first_env = dict(env, ANSIBLE_CALLBACKS_ENABLED="ansible.posix.profile_tasks",
+                         PROFILE_TASKS_TASK_OUTPUT_LIMIT="all") if args.profile else env
+        t_first, first = sh(play, first_env)
         before = containers()
         t_noop, noop = sh(play, env)
         after = containers()
@@ -119,6 +125,8 @@ def main(argv=None):
             sh([molecule, "destroy", "-s", SCENARIO], env, check=False)
 
     changed = {h: r.get("changed", 0) for h, r in recap(noop.stdout).items()}
+    tasks_first = {h: r.get("ok", 0) for h, r in recap(first.stdout).items()}
+    tasks_noop = {h: r.get("ok", 0) for h, r in recap(noop.stdout).items()}
     restarted = sorted(n for n in before if after.get(n) != before[n])
     # decode then prefill, each waits for its engines: 2 start delays per cluster, clusters in turn
     floor_serial = 2 * args.delay * len(CLUSTERS)
@@ -131,8 +139,14 @@ def main(argv=None):
                                ("first deploy, pd_parallel_clusters=true", t_par, floor_parallel),
                                ("no-op re-run", t_noop, 0)):
         print(f"{label:42} {took:8.1f} {floor:15.1f} {took - floor:11.1f}")
+    print(f"tasks run per host (recap ok), first deploy: {tasks_first}")
+    print(f"tasks run per host (recap ok), no-op re-run: {tasks_noop}")
     print(f"no-op re-run: changed per host {changed}; restarted containers: {restarted or 'none'}")
     print(f"no-op / ping floor: {t_noop / t_ping:.2f}x; containers: {len(before)}")
+    if args.profile:
+        print("first deploy, slowest tasks (profile_tasks, same-named tasks summed, n = runs):")
+        for total, count, name in aggregate(profile_sections(first.stdout).get("TASKS", []))[:args.profile]:
+            print(f"  {total:8.2f}s  n={count:<3} {name[:100]}")
     ok = all(v == 0 for v in changed.values()) and not restarted and len(before) == 6
     print("no-op re-run check:", "PASS" if ok else "FAIL")
     return 0 if ok else 1

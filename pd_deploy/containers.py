@@ -134,8 +134,9 @@ def sick_current(specs, probe):
         if res is not None and not res.get("ok"):
             why = f"HTTP {res['status']}" if res.get("status") else (res.get("error") or "no answer")
             out.append(f"{spec['name']} runs its current launch spec but {spec['health_url']} does not answer "
-                       f"({why}) — nothing was restarted; read its log (playbooks/collect-logs.yml), fix the "
-                       "cause, and remove the container to let the next run recreate it")
+                       f"({why}) — nothing was restarted; if it is still loading (restarted by Docker), re-run "
+                       "once it answers; otherwise read its log (playbooks/collect-logs.yml), fix the cause, "
+                       "and remove the container to let the next run recreate it")
     return out
 
 
