@@ -7,7 +7,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv demo test lint unit molecule bench clean
+.PHONY: venv demo test lint unit molecule bench bench-deploy clean
 
 venv: $(STAMP)
 
@@ -35,6 +35,9 @@ test: lint unit molecule
 
 bench: venv
 	$(BIN)/python bench/bench.py
+
+bench-deploy: venv
+	$(BIN)/python bench/deploy_bench.py
 
 clean:
 	rm -rf build .pytest_cache .hypothesis
