@@ -98,7 +98,7 @@ containers:
   type: list
   returned: always
 images_missing:
-  description: References of O(images) not in the local image store.
+  description: References of O(images) not in the local image store (empty when Docker did not answer).
   type: list
   returned: always
 health:
@@ -231,7 +231,8 @@ def main():
         "disk_free_bytes": disk_free(p["disk_path"]) if p["disk_path"] else None,
         "docker": {"ok": ok, "msg": msg},
         "containers": containers,
-        "images_missing": missing_images(sock, p["images"]) if ok else list(p["images"]),
+        # without an engine the images cannot be looked up; the Docker message is the one problem
+        "images_missing": missing_images(sock, p["images"]) if ok else [],
         "health": wait_all(current_checks(p["containers"], containers, p["probe_timeout"]), p["probe_interval"]),
     }
     module.exit_json(**result)

@@ -71,31 +71,39 @@ def capacity_files(plan):
     return out
 
 
-def rollout_summary(plan, play_hosts, targets=None):
+def rollout_summary(plan, play_hosts, targets=None, dry_run=False):
     """Lines naming, per cluster touched by the play, each container with its host and port.
 
-    With ``targets`` (pd_rollout_targets) each cluster says whether it was rolled out or found
-    running its launch specs and left as it was.
+    With ``targets`` (pd_rollout_targets) each cluster says whether it was rolled out (with
+    ``dry_run``, --check: would be) or found running its launch specs and left as it was.
     """
     out = []
     hosts = set(play_hosts or [])
     changed = set((targets or {}).get("changed") or [])
+    pending = {n for names in ((targets or {}).get("pending") or {}).values() for n in names}
     for name, summary in plan["clusters"].items():
         if not hosts.intersection(summary["hosts"]):
             continue
         if targets is None:
             out.append(f"{name}:")
         elif name in changed:
-            out.append(f"{name}: rolled out")
+            out.append(f"{name}: would be rolled out (--check: nothing was changed)" if dry_run
+                       else f"{name}: rolled out")
         else:
             out.append(f"{name}: unchanged (every container runs its launch spec and answered its health URL)")
         for host in summary["hosts"]:
             for spec in plan["hosts"][host]["specs"]:
-                out.append(f"  {spec['name']} on {host} port {spec['ports']['http']}")
+                out.append(f"  {spec['name']} on {host} port {spec['ports']['http']}{_started(spec, pending)}")
         proxy = summary.get("proxy")
         if proxy:
-            out.append(f"  proxy {proxy['name']} on {proxy['host']} port {proxy['ports']['http']}")
+            out.append(f"  proxy {proxy['name']} on {proxy['host']} port {proxy['ports']['http']}"
+                       f"{_started(proxy, pending)}")
     return out
+
+
+def _started(spec, pending):
+    """Marks a container that was not running its launch spec when the deploy began."""
+    return " (new or changed launch spec)" if spec["name"] in pending else ""
 
 
 def build_files(plan, build_dir, render_specs=False):

@@ -402,7 +402,11 @@ def test_rollout_summary_says_which_clusters_were_rolled_and_which_left_alone():
     targets = fleet.rollout_targets(plan, probes, HOSTS)
     lines = report.rollout_summary(plan, HOSTS, targets)
     assert lines[0] == "cluster_a: rolled out"
-    assert "  pd-cluster_a-decode0-dp0 on a-d0 port 8200" in lines
+    assert report.rollout_summary(plan, HOSTS, targets, True)[0] == \
+        "cluster_a: would be rolled out (--check: nothing was changed)"
+    # the containers that were started or recreated are marked, the others are not
+    assert "  pd-cluster_a-decode0-dp0 on a-d0 port 8200 (new or changed launch spec)" in lines
+    assert "  pd-cluster_a-prefill0-dp0 on a-p0 port 8100" in lines
     assert "cluster_b: unchanged (every container runs its launch spec and answered its health URL)" in lines
     # without targets (render-only) the clusters are just listed; hosts outside the play are left out
     assert report.rollout_summary(plan, ["a-p0"])[0] == "cluster_a:"

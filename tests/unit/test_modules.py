@@ -329,8 +329,9 @@ def test_pd_host_probe_runs_as_a_module(docker_socket, engine, tmp_path):
 @pytest.mark.ansible
 def test_pd_host_probe_without_npu_smi_or_docker_reports_instead_of_failing(tmp_path):
     result = ansible_module("pd_host_probe", {"docker_socket": str(tmp_path / "none.sock"),
-                                              "npu_smi": str(tmp_path / "npu-smi")})
+                                              "npu_smi": str(tmp_path / "npu-smi"), "images": ["x:1"]})
     assert not result.get("failed")
+    assert result["images_missing"] == []  # not looked up: the Docker message says why
     assert result["npu_smi"]["rc"] == 127 and "No such file" in result["npu_smi"]["stderr"]
     assert result["docker"]["ok"] is False and result["containers"] == []
 
