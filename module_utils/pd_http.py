@@ -82,8 +82,11 @@ def wait_all(checks, interval, request_timeout=5.0, clock=time.monotonic, sleep=
         for index in pending:
             check, result = checks[index], results[index]
             remaining = float(check.get("timeout_s", 0)) - (clock() - start)
+            # cut a request to its check's time left; an attempt with none left (a single probe, or the
+            # last one after the final interval) gets a whole request timeout
+            per_request = min(request_timeout, remaining) if remaining > 0 else request_timeout
             status, _, error = send(check["url"], check.get("method") or "GET", check.get("body"),
-                                    max(0.5, min(request_timeout, remaining if remaining > 0 else request_timeout)))
+                                    max(0.5, per_request))
             result.update(status=status, error=error, attempts=result["attempts"] + 1,
                           waited_s=round(clock() - start, 2))
             if status in (check.get("status") or [200]):

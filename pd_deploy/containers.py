@@ -67,6 +67,11 @@ def docker_logs(slurp_results):
     return out
 
 
+def host_specs(entry):
+    """Every launch spec a plan's host entry runs: its engine ranks, then its proxy if it has one."""
+    return list(entry["specs"]) + ([entry["proxy"]] if entry.get("proxy") else [])
+
+
 def _observed(containers, where):
     """{name: container} from the ``containers`` list pd_host_probe returns."""
     if not isinstance(containers, list) or not all(isinstance(c, Mapping) and "name" in c for c in containers):
@@ -196,6 +201,7 @@ def port_conflicts(specs, in_use, own_running):
 FILTERS = {
     "pd_clean_log": clean_log,
     "pd_docker_logs": docker_logs,
+    "pd_host_specs": host_specs,
     "pd_containers_to_start": containers_to_start,
     "pd_containers_to_replace": containers_to_replace,
     "pd_probe_specs": probe_specs,

@@ -9,7 +9,7 @@ them are returned at once, and specs are only rendered for clusters without erro
 import jsonschema
 
 from pd_deploy import capacity, datafiles, model, rules, sizes
-from pd_deploy.containers import spec_ports, spec_state
+from pd_deploy.containers import containers_to_start, host_specs, spec_ports
 from pd_deploy.errors import PdError
 
 HOST_VARS = ("pd_host_address", "pd_npus", "pd_npu_first", "pd_hbm_per_npu", "pd_host_ram",
@@ -280,9 +280,7 @@ def rollout_targets(plan, probes, play_hosts):
         if not isinstance(probe, dict) or "containers" not in probe:
             raise PdError("pd_rollout_targets", f"probes.{host}", "this host was not probed",
                           "run roles/pd_prechecks on every host of the play before the rollout")
-        observed = {c["name"]: c for c in probe["containers"]}
-        names = [s["name"] for s in entry["specs"] + ([entry["proxy"]] if entry.get("proxy") else [])
-                 if spec_state(s, observed) != "current"]
+        names = [s["name"] for s in containers_to_start(host_specs(entry), probe["containers"])]
         if names:
             pending[host] = names
     changed = [c for c in touched if any(plan["hosts"][h]["cluster"] == c for h in pending)]

@@ -3,6 +3,7 @@
 import json
 
 from pd_deploy import sizes
+from pd_deploy.containers import host_specs
 
 
 def plan_failure_message(plan):
@@ -117,7 +118,7 @@ def build_files(plan, build_dir, render_specs=False):
     out += [{"path": f"{render}/{f['cluster']}/{f['file']}", "content": f["content"]} for f in capacity_files(plan)]
     if render_specs:
         for host, entry in plan["hosts"].items():
-            for spec in entry["specs"] + ([entry["proxy"]] if entry.get("proxy") else []):
+            for spec in host_specs(entry):
                 out.append({"path": f"{render}/{host}/{spec['name']}.json",
                             "content": json.dumps(spec, indent=2, sort_keys=True) + "\n"})
     return out

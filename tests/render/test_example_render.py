@@ -10,6 +10,8 @@ import yaml
 
 from pd_render_helpers import REPO, assert_no_traceback, files_under, run_playbooks
 
+from tests.fixtures.article import ARTICLE_D
+
 pytestmark = pytest.mark.ansible
 
 GIB = 1024 ** 3
@@ -91,18 +93,10 @@ def test_one_file_per_rank_and_proxy_on_its_host(example):
 # ---- cluster_a: the article ---------------------------------------------------------------------
 
 def test_cluster_a_decode_connector_is_the_articles(specs):
-    # DOMAIN.md §3, D (article), typed here as the article prints it
-    article_d = {
-        "kv_connector": "MultiConnector", "kv_role": "kv_consumer", "engine_id": "1",
-        "kv_connector_extra_config": {"connectors": [
-            {"kv_connector": "MooncakeConnectorV1", "kv_role": "kv_consumer", "kv_port": "30100",
-             "kv_connector_extra_config": {"prefill": {"dp_size": 2, "tp_size": 4},
-                                           "decode": {"dp_size": 2, "tp_size": 4}}},
-            {"kv_connector": "RecomputeCPUOffloadConnector", "kv_role": "kv_consumer",
-             "kv_connector_extra_config": {"cpu_bytes_to_use_per_rank": 26843545600}}]}}
-    assert kv(specs["pd-cluster_a-decode0-dp0"]) == article_d
+    # DOMAIN.md §3, D (article), as the article prints it
+    assert kv(specs["pd-cluster_a-decode0-dp0"]) == ARTICLE_D
     # both ranks of one instance carry the same connector config
-    assert kv(specs["pd-cluster_a-decode0-dp1"]) == article_d
+    assert kv(specs["pd-cluster_a-decode0-dp1"]) == ARTICLE_D
 
 
 def test_cluster_a_prefill_connector_is_mooncake_producer_then_offloading(specs):

@@ -8,18 +8,9 @@ import pytest
 
 from pd_deploy import connectors, versions
 from pd_deploy.errors import PdError
+from tests.fixtures.article import ARTICLE_D
 
 GIB = 1024 ** 3
-
-# DOMAIN.md §3, D (article), verbatim.
-ARTICLE_D = {
-    "kv_connector": "MultiConnector", "kv_role": "kv_consumer", "engine_id": "1",
-    "kv_connector_extra_config": {"connectors": [
-        {"kv_connector": "MooncakeConnectorV1", "kv_role": "kv_consumer", "kv_port": "30100",
-         "kv_connector_extra_config": {"prefill": {"dp_size": 2, "tp_size": 4},
-                                       "decode": {"dp_size": 2, "tp_size": 4}}},
-        {"kv_connector": "RecomputeCPUOffloadConnector", "kv_role": "kv_consumer",
-         "kv_connector_extra_config": {"cpu_bytes_to_use_per_rank": 26843545600}}]}}
 
 
 def article_p_offload(spec_module_path):

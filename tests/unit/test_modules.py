@@ -8,6 +8,7 @@ import http.server
 import importlib.util
 import json
 import os
+import shutil
 import socket
 import socketserver
 import subprocess
@@ -179,6 +180,11 @@ def test_wait_all_polls_every_check_in_the_same_rounds_until_each_deadline():
 
     def send(url, method, body, timeout):
         sent.append(url)
+        # before b's 5 s deadline a request to b is cut to the time left; the last attempt, made
+        # after the final interval, gets a whole request timeout
+        assert 0.5 <= timeout <= 5.0
+        if url == "b" and clock.now < 5:
+            assert timeout <= max(0.5, 5 - clock.now)
         clock.now += 0.1
         queue = answers[url]
         return (queue.pop(0) if len(queue) > 1 else queue[0]), b"", ""
@@ -197,12 +203,13 @@ def test_wait_all_with_zero_timeout_probes_once():
     calls = []
 
     def send(url, method, body, timeout):
-        calls.append((url, method, body))
+        calls.append((url, method, body, timeout))
         return 0, b"", "ConnectionRefusedError: [Errno 111] Connection refused"
 
     results = pd_http.wait_all([{"name": "x", "url": "u", "timeout_s": 0, "method": "POST", "body": {"k": 1}}],
-                               1, sleep=lambda s: None, send=send)
-    assert calls == [("u", "POST", {"k": 1})]
+                               1, request_timeout=4.0, sleep=lambda s: None, send=send)
+    # one attempt, with the whole request timeout (no deadline left to cut it to)
+    assert calls == [("u", "POST", {"k": 1}, 4.0)]
     assert results[0]["error"].startswith("ConnectionRefusedError") and not results[0]["ok"]
 
 
@@ -262,9 +269,9 @@ def test_stat_paths_tell_directories_character_devices_and_missing(tmp_path):
     assert stats[str(tmp_path / "nope")] == {"exists": False, "isdir": False, "ischr": False}
 
 
-def test_disk_free_is_what_statvfs_gives_unprivileged_users(tmp_path):
-    st = os.statvfs(tmp_path)
-    assert probe_mod.disk_free(str(tmp_path)) == st.f_bavail * st.f_frsize
+def test_disk_free_is_the_space_left_to_unprivileged_users(tmp_path):
+    # shutil.disk_usage is Python's own reading of the same filesystem, as df reports "Available"
+    assert probe_mod.disk_free(str(tmp_path)) == shutil.disk_usage(tmp_path).free
     assert probe_mod.disk_free(str(tmp_path / "nope")) is None
 
 
