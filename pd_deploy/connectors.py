@@ -7,6 +7,8 @@ not enforced by the builders: ``rules.check_cluster`` reports them, all at once,
 is rendered for a host.
 """
 
+import copy
+
 from pd_deploy.errors import PdError
 
 ROLE_KV = {"prefill": "kv_producer", "decode": "kv_consumer"}
@@ -103,14 +105,25 @@ def offloading_child(cpu_bytes_to_use, row, blocks_per_chunk=8):
     }
 
 
-def recompute_child(cpu_bytes_to_use_per_rank):
-    """RecomputeCPUOffloadConnector child (keeps preempted requests' KV in RAM; decode only)."""
+def recompute_child(cpu_bytes_to_use_per_rank, tp=None):
+    """RecomputeCPUOffloadConnector child (keeps preempted requests' KV in RAM; decode only).
+
+    With ``tp`` (the engine's TP size = vLLM's world_size of one external-DP rank) the server-wide
+    ``cpu_bytes_to_use`` = per rank x tp is rendered next to ``cpu_bytes_to_use_per_rank``: the
+    connector divides ``cpu_bytes_to_use`` (default 8 GiB) by world_size and warns at start when the
+    per-rank value differs from that quotient (vllm-ascend main:vllm_ascend/distributed/kv_transfer/
+    kv_pool/recompute_cpu_offload/recompute_cpu_offload_connector.py L55-L69, same at v0.23.0).
+    """
     where = "pd_recompute_child"
     _check_int(cpu_bytes_to_use_per_rank, where, "cpu_bytes_to_use_per_rank")
+    extra = {}
+    if tp is not None:
+        extra["cpu_bytes_to_use"] = cpu_bytes_to_use_per_rank * _check_int(tp, where, "tp")
+    extra["cpu_bytes_to_use_per_rank"] = cpu_bytes_to_use_per_rank
     return {
         "kv_connector": "RecomputeCPUOffloadConnector",
         "kv_role": "kv_consumer",
-        "kv_connector_extra_config": {"cpu_bytes_to_use_per_rank": cpu_bytes_to_use_per_rank},
+        "kv_connector_extra_config": extra,
     }
 
 
@@ -155,7 +168,7 @@ def kv_transfer_config(role_cfg, cluster, instance, row, offload_bytes):
     if offload == "OffloadingConnector":
         children.append(offloading_child(offload_bytes, row))
     elif offload == "RecomputeCPUOffloadConnector":
-        children.append(recompute_child(offload_bytes))
+        children.append(recompute_child(offload_bytes, role_cfg.get("tp")))
     if not children:
         return None
     if len(children) == 1:
@@ -170,29 +183,35 @@ def kv_transfer_config(role_cfg, cluster, instance, row, offload_bytes):
     }
 
 
-def additional_config(role_cfg, row):
+def additional_config(role_cfg, row, extra=None):
     """``--additional-config`` dict of a role, or None when it needs none.
 
-    Carries ``recompute_scheduler_enable: true`` when the role asks for the recompute scheduler,
-    at the top level (row key "top", v0.23/v0.24: the nested form is silently ignored there) or
-    under ``scheduler_config`` (row key "nested", from v0.25.1rc1).
+    ``extra`` (a dict, from the model family's recipe or the cluster's engine.additional_config)
+    comes first: Ascend options such as ``enable_cpu_binding``. Then ``recompute_scheduler_enable:
+    true`` when the role asks for the recompute scheduler, at the top level (row key "top",
+    v0.23/v0.24: the nested form is silently ignored there) or under ``scheduler_config`` (row key
+    "nested", from v0.25.1rc1).
     """
     where = "pd_additional_config"
     _check_dict(role_cfg, where, "role_cfg")
     _check_row(row, where)
+    if extra is not None:
+        _check_dict(extra, where, "additional_config")
+    out = copy.deepcopy(extra or {})
     enabled = role_cfg.get("recompute_scheduler")
     if not isinstance(enabled, bool):
         raise PdError(where, "recompute_scheduler", f"{enabled!r} is not true or false",
                       "set recompute_scheduler: true (decode only) or false")
-    if not enabled:
-        return None
-    key = row["recompute_scheduler_key"]
-    if key == "top":
-        return {"recompute_scheduler_enable": True}
-    if key == "nested":
-        return {"scheduler_config": {"recompute_scheduler_enable": True}}
-    raise PdError(where, "row.recompute_scheduler_key", f"{key!r} is neither 'top' nor 'nested'",
-                  "fix the row in pd_deploy/data/versions.yml")
+    if enabled:
+        key = row["recompute_scheduler_key"]
+        if key == "top":
+            out["recompute_scheduler_enable"] = True
+        elif key == "nested":
+            out.setdefault("scheduler_config", {})["recompute_scheduler_enable"] = True
+        else:
+            raise PdError(where, "row.recompute_scheduler_key", f"{key!r} is neither 'top' nor 'nested'",
+                          "fix the row in pd_deploy/data/versions.yml")
+    return out or None
 
 
 FILTERS = {

@@ -1,11 +1,14 @@
 """The package's data files (pd_deploy/data/*.yml, schemas/*.json), read once, handed out as copies.
 
-The parsed text is cached, never the object: every caller gets a fresh copy it may mutate, so no
-call can change what the next one sees.
+Each file is parsed once and cached as pickled bytes (immutable); every caller unpickles a fresh
+object it may mutate, so no call can change what the next one sees. Parsing the YAML again on every
+call was most of a fleet plan's time (ports.yml and models.yml are read per host and per rank), and
+unpickling is several times cheaper than copy.deepcopy of the parsed object.
 """
 
 import functools
 import json
+import pickle
 import os
 
 import yaml
@@ -20,11 +23,17 @@ def _text(folder, name):
         return handle.read()
 
 
+@functools.lru_cache(maxsize=None)
+def _frozen(folder, name):
+    text = _text(folder, name)
+    return pickle.dumps(json.loads(text) if folder == "schemas" else yaml.safe_load(text))
+
+
 def yaml_data(name):
     """A fresh copy of ``pd_deploy/data/<name>``."""
-    return yaml.safe_load(_text("data", name))
+    return pickle.loads(_frozen("data", name))
 
 
 def schema(name):
     """A fresh copy of ``schemas/<name>``."""
-    return json.loads(_text("schemas", name))
+    return pickle.loads(_frozen("schemas", name))

@@ -6,14 +6,18 @@ them are returned at once, and specs are only rendered for clusters without erro
 """
 
 
+import math
+
 import jsonschema
 
-from pd_deploy import capacity, datafiles, model, rules, sizes
+from pd_deploy import capacity, datafiles, guards, inventory, model, ports, rules, secrets, sizes, versions
 from pd_deploy.containers import containers_to_start, host_specs, spec_ports
 from pd_deploy.errors import PdError
 
-HOST_VARS = ("pd_host_address", "pd_npus", "pd_npu_first", "pd_hbm_per_npu", "pd_host_ram",
-             "pd_host_ram_reserve", "pd_hccl_if", "pd_ascend_root")
+HOST_VARS = inventory.HOST_FACTS
+#: Group names every inventory has or pd-deploy gives a meaning: a cluster named like one of them
+#: would take in hosts of other clusters (every decode host is in 'decode').
+RESERVED_GROUPS = ("all", "ungrouped", "pd_clusters", "prefill", "decode")
 
 
 def schema(name):
@@ -25,12 +29,67 @@ def _v(level, where, field, message, fix):
     return {"level": level, "where": where, "field": field, "message": message, "fix": fix}
 
 
+def _non_finite(instance, path=()):
+    """Paths of every NaN / infinite float in a YAML value (JSON Schema's bounds let NaN through)."""
+    if isinstance(instance, float) and not math.isfinite(instance):
+        yield path
+    elif isinstance(instance, dict):
+        for key, value in instance.items():
+            yield from _non_finite(value, path + (str(key),))
+    elif isinstance(instance, list):
+        for index, value in enumerate(instance):
+            yield from _non_finite(value, path + (str(index),))
+
+
+def _shown(value):
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _is_size_schema(schema_part):
+    return isinstance(schema_part, dict) and schema_part.get("title") == "size"
+
+
+def _explain(err, schema_name):
+    """(message, fix) of one JSON Schema error in words an operator can act on."""
+    subschema = err.schema if isinstance(err.schema, dict) else {}
+    sizes_involved = _is_size_schema(subschema) or any(_is_size_schema(e.schema) for e in err.context or [])
+    if sizes_involved and err.instance is not None:
+        try:
+            sizes.to_bytes(err.instance, field="size", where="schema")
+        except PdError as exc:
+            return exc.problem, exc.fix
+        return (f"{_shown(err.instance)} is not a size here", f"write {sizes.GRAMMAR}")
+    description = subschema.get("description")
+    if err.validator in ("oneOf", "anyOf"):
+        kinds = [c.get("type") or c.get("enum") or c.get("title") for c in err.validator_value
+                 if isinstance(c, dict)]
+        expected = description or " or ".join(str(k) for k in kinds if k)
+        return (f"{_shown(err.instance)} is not valid: expected {expected}",
+                f"see schemas/{schema_name} for the accepted values")
+    if err.validator == "pattern":
+        expected = description or f"text matching {err.validator_value}"
+        return f"{_shown(err.instance)} is not valid: expected {expected}", f"see schemas/{schema_name}"
+    if err.validator == "propertyNames":
+        return (f"{_shown(err.instance)} has a key that is not valid: {description or err.message}",
+                f"see schemas/{schema_name}")
+    message = err.message
+    if description and err.validator in ("type", "minimum", "maximum", "minLength", "enum", "not"):
+        message = f"{message} ({description})"
+    return message, f"see schemas/{schema_name} for the accepted values"
+
+
 def shape_violations(instance, schema_name, where, prefix=""):
     """Every JSON Schema error of ``instance`` as a violation, with a dotted field path."""
     validator = jsonschema.Draft202012Validator(schema(schema_name))
     out = []
+    for path in _non_finite(instance):
+        field = ".".join(p for p in (prefix, *path) if p)
+        out.append(_v("error", where, field, "is not a finite number (NaN or infinity)", "write a finite number"))
     for err in sorted(validator.iter_errors(instance), key=lambda e: list(map(str, e.absolute_path))):
         path = ".".join(str(p) for p in err.absolute_path)
+        if isinstance(err.instance, float) and not math.isfinite(err.instance):
+            continue  # reported above, once
         if err.validator == "additionalProperties" and isinstance(err.instance, dict):
             # one violation per unknown key, named by its full path (prefill.engine.blok_size)
             known = (err.schema or {}).get("properties") or {}
@@ -39,14 +98,16 @@ def shape_violations(instance, schema_name, where, prefix=""):
                 out.append(_v("error", where, field, f"unknown key {key!r}",
                               "remove or rename the key (see inventories/example for the accepted keys)"))
             continue
-        field = ".".join(p for p in (prefix, path) if p) or prefix or "(top level)"
         if err.validator == "required":
-            missing = [k for k in err.validator_value if k not in (err.instance or {})]
-            field = ".".join(p for p in (prefix, path, missing[0] if missing else "") if p)
-            fix = f"add the key {missing[0] if missing else ''} (see inventories/example)"
-        else:
-            fix = f"see schemas/{schema_name} for the accepted values"
-        out.append(_v("error", where, field, err.message, fix))
+            # one violation per missing key, each named (a missing model is reported as model)
+            for key in [k for k in err.validator_value if k not in (err.instance or {})]:
+                field = ".".join(p for p in (prefix, path, key) if p)
+                out.append(_v("error", where, field, "missing (required, no default)",
+                              f"add the key {key} (see inventories/example)"))
+            continue
+        field = ".".join(p for p in (prefix, path) if p) or prefix or "(top level)"
+        message, fix = _explain(err, schema_name)
+        out.append(_v("error", where, field, message, fix))
     return out
 
 
@@ -63,8 +124,15 @@ def _host_role(host):
 def _group_hosts(fleet, violations):
     """Return {cluster name: (raw pd_cluster, [host record])} in inventory order."""
     clusters = {}
+    violations.extend(inventory.unknown_keys(
+        {h["name"]: h.get("keys") or [] for h in fleet["hosts"]}, inventory.known_variables()))
+    claimed = {}
     for host in fleet["hosts"]:
         hv = host.get("vars") or {}
+        if host.get("error"):
+            violations.append(_v("error", host["name"], "variables", host["error"],
+                                 "fix the file named above (YAML indentation, quoting) and run again"))
+            continue
         raw = hv.get("pd_cluster")
         if not isinstance(raw, dict):
             violations.append(_v("error", host["name"], "pd_cluster",
@@ -72,31 +140,106 @@ def _group_hosts(fleet, violations):
                                  "define pd_cluster in group_vars/<cluster>.yml for the host's cluster group"))
             continue
         name = raw.get("name")
+        if name in RESERVED_GROUPS:
+            violations.append(_v("error", host["name"], "pd_cluster.name",
+                                 f"{name!r} names a parent group, not a cluster: every host of that group would "
+                                 "join this cluster",
+                                 "name the cluster after its own child group of pd_clusters (e.g. cluster_a)"))
+            continue
         if name not in host["groups"]:
             violations.append(_v("error", host["name"], "pd_cluster.name",
                                  f"{name!r} is not an inventory group this host belongs to",
                                  "set pd_cluster.name to the cluster's group name in its group_vars file"))
             continue
+        claimed[host["name"]] = name
         role, problem = _host_role(host)
         if problem:
             violations.append(problem)
             continue
+        facts = inventory.fact_violations(host["name"], hv)
         host_shape = shape_violations({k: hv[k] for k in HOST_VARS if hv.get(k) is not None},
                                       "host.schema.json", host["name"])
-        if host_shape:
-            violations.extend(host_shape)
+        if facts or host_shape:
+            violations.extend(facts + host_shape)
             continue
         try:
             record = model.host_record(host["name"], role, hv)
         except PdError as exc:
             violations.append(_v("error", exc.where, exc.field, exc.problem, exc.fix))
             continue
+        record["allow_idle"] = hv.get("pd_allow_idle_hosts") is True
+        record["api_key"] = secrets.host_key_fact(hv.get("pd_api_key"))  # a redaction, never the key
         clusters.setdefault(name, (raw, []))[1].append(record)
+    # a cluster group must hold only its own hosts: a name shared with another group merges clusters
+    for host in fleet["hosts"]:
+        for group in host["groups"]:
+            if group in clusters and claimed.get(host["name"], group) != group:
+                violations.append(_v("error", host["name"], "pd_cluster.name",
+                                     f"the host is in group {group!r} (a cluster) but belongs to cluster "
+                                     f"{claimed[host['name']]!r}: two clusters would share hosts",
+                                     f"give cluster {group!r} its own group, holding only its hosts"))
     return clusters
 
 
+def _kv_figures(cluster, role, hosts, topo):
+    """KV budget of a role: per NPU, per DP group (TP NPUs), per instance (x DP) and per host.
+
+    From the model's weights (capacity.cluster_role_kv) when models.yml has them, else the
+    article's rule of thumb (HBM x gpu_memory_utilization x 0.6). Always an estimate: the engine's
+    start-up log (playbooks/baseline.yml) gives the real figure.
+    """
+    rcfg = cluster["roles"][role]
+    eng = rcfg["engine"]
+    est = capacity.cluster_role_kv(cluster, role, hosts)
+    npus_used = {h["name"]: sum(len(r["devices"]) for r in topo["hosts"][h["name"]]["ranks"]
+                                if r["role"] == role) for h in hosts}
+    if est is not None:
+        worst = est["hosts"][est["worst"]]
+        per_npu = worst["kv_per_npu_bytes"]
+        basis = (f"weights: {est['quantization']} {est['family']} "
+                 f"(pd_deploy/data/models.yml), HBM x gpu_memory_utilization - weights - reserve")
+        extra = {"weights_per_npu_bytes": worst["weights"]["total_bytes"],
+                 "reserve_per_npu_bytes": worst["reserve"]["total_bytes"],
+                 "usable_per_npu_bytes": worst["usable_per_npu_bytes"],
+                 "expert_parallel_size": worst["weights"]["ep_size"],
+                 "quantization": est["quantization"], "weights_fit": all(b["fits"] for b in est["hosts"].values())}
+        per_host = {n: est["hosts"][n]["kv_per_npu_bytes"] * npus_used[n] for n in npus_used}
+    else:
+        share = capacity.ARTICLE_KV_SHARE
+        per_host = {h["name"]: int(h["hbm_per_npu_bytes"] * npus_used[h["name"]]
+                                   * sizes.check_number(eng["gpu_memory_utilization"], "gpu_memory_utilization",
+                                                        "pd_capacity") * share) for h in hosts}
+        per_npu = min(int(h["hbm_per_npu_bytes"] * sizes.check_number(eng["gpu_memory_utilization"],
+                                                                       "gpu_memory_utilization", "pd_capacity")
+                          * share) for h in hosts)
+        basis = (f"article rule of thumb: HBM x gpu_memory_utilization x {share} (no weights data for model "
+                 f"family {cluster['model'].get('family')!r} in pd_deploy/data/models.yml)")
+        extra = {"weights_fit": None}
+    return dict({
+        "kv_estimate_basis": basis,
+        "kv_budget_per_npu_bytes": per_npu,
+        "kv_budget_per_dp_group_bytes": per_npu * rcfg["tp"],
+        "kv_budget_per_instance_bytes": per_npu * rcfg["tp"] * rcfg["dp"],
+        "kv_budget_per_host_bytes": max(per_host.values(), default=0),
+        "kv_budget_by_host_bytes": per_host,
+    }, **extra)
+
+
+def idle_host_violations(name, topo, proxy):
+    """Hosts of a cluster that get no engine rank and do not run the proxy (opt in: pd_allow_idle_hosts)."""
+    out = []
+    for host, rec in topo["hosts"].items():
+        if rec["ranks"] or (proxy and proxy["host"] == host) or rec.get("allow_idle"):
+            continue
+        out.append(_v("error", f"{name}/{rec['role']}@{host}", "hosts",
+                      f"idle host: {host} is in cluster {name} but gets no {rec['role']} rank and no proxy",
+                      f"remove it from the cluster, raise {rec['role']}.instances / dp, or set "
+                      "pd_allow_idle_hosts: true in its host_vars to keep it as a spare"))
+    return out
+
+
 def capacity_summary(cluster, topo, specs):
-    """Per-role KV budget, concurrency and offload figures of one cluster (configured estimate)."""
+    """Per-role KV budget, concurrency and offload figures of one cluster (estimates, not measured)."""
     out = {}
     work = cluster["workload"]
     for role in model.ROLES:
@@ -105,9 +248,6 @@ def capacity_summary(cluster, topo, specs):
         hosts = [h for h in topo["hosts"].values() if h["role"] == role]
         if not hosts:
             continue
-        first = hosts[0]
-        budget = capacity.kv_budget(first["hbm_per_npu_bytes"], first["npus"], eng["gpu_memory_utilization"],
-                                    kv_share=eng["kv_cache_share"], dp=max(1, first["npus"] // rcfg["tp"]))
         role_specs = [s for s in specs if s["role"] == role]
         pinned_host = {}
         for spec in role_specs:
@@ -115,8 +255,6 @@ def capacity_summary(cluster, topo, specs):
         entry = {
             "instances": rcfg["instances"], "dp": rcfg["dp"], "tp": rcfg["tp"],
             "ranks": len(role_specs),
-            "kv_budget_per_host_bytes": budget["host_bytes"],
-            "kv_budget_per_dp_group_bytes": budget["per_dp_group_bytes"],
             "max_num_seqs_per_dp_group": eng["max_num_seqs"],
             "max_num_batched_tokens": eng["max_num_batched_tokens"],
             "total_concurrency_cap": eng["max_num_seqs"] * rcfg["dp"] * rcfg["instances"],
@@ -125,7 +263,10 @@ def capacity_summary(cluster, topo, specs):
             "pinned_per_container_bytes": max((s["pinned_offload_bytes"] for s in role_specs), default=0),
             "shm_per_container_bytes": max((s["shm_size_bytes"] for s in role_specs), default=0),
             "ram_headroom_bytes": {h["name"]: h["ram_bytes"] - pinned_host.get(h["name"], 0) for h in hosts},
+            "ram_guidance_bytes": capacity.ram_guidance(
+                rcfg["cpu_offload_bytes"] if rcfg["offload_connector"] != "none" else 0),
         }
+        entry.update(_kv_figures(cluster, role, hosts, topo))
         if role == "prefill":
             conc = capacity.expected_p_concurrency(eng["max_num_seqs"], rcfg["dp"], eng["max_num_batched_tokens"],
                                                    work["avg_prompt_tokens"])
@@ -137,35 +278,55 @@ def capacity_summary(cluster, topo, specs):
 
 
 def plan_cluster(name, raw, hosts):
-    """Normalize, place, check and render one cluster. Returns a dict with violations."""
-    where = name
-    violations = shape_violations(raw, "cluster.schema.json", where)
-    result = {"name": name, "violations": violations, "specs": [], "proxy": None}
-    if violations:
-        return result
+    """Normalize, place, check and render one cluster. Returns a dict with violations.
+
+    Never raises for inventory content: a PdError of the core becomes a violation of this cluster, and
+    any other exception a violation that says it is an internal error (not an aborted plan).
+    """
+    result = {"name": name, "violations": [], "specs": [], "proxy": None}
     try:
-        cluster = model.normalize(name, raw)
+        _plan_cluster(name, raw, hosts, result)
     except PdError as exc:
-        violations.append(_v("error", exc.where, exc.field, exc.problem, exc.fix))
-        return result
+        where = exc.where if str(exc.where).startswith(name) else f"{name}: {exc.where}"
+        result["violations"].append(_v("error", where, exc.field, exc.problem, exc.fix or "fix the value"))
+        result["specs"], result["proxy"] = [], None
+    except Exception as exc:  # noqa: BLE001 -- fail closed with a readable violation, never a traceback
+        result["violations"].append(_v("error", name, "(plan)", f"internal error {type(exc).__name__}: {exc}",
+                                       "check the values of this cluster's hosts and pd_cluster; report the "
+                                       "inventory to the pd-deploy maintainers"))
+        result["specs"], result["proxy"] = [], None
+    return result
+
+
+def _plan_cluster(name, raw, hosts, result):
+    violations = result["violations"]
+    violations.extend(shape_violations(raw, "cluster.schema.json", name))
+    if violations:
+        return
+    cluster = model.normalize(name, raw)
+    violations.extend(guards.cluster_violations(cluster))
+    violations.extend(secrets.clear_key_violations(cluster))
+    key_redaction, key_problems = secrets.cluster_key(name, hosts)
+    violations.extend(key_problems)
+    if rules.has_errors(violations):
+        return
     topo, problems = model.topology(cluster, hosts)
     violations.extend(problems)
     result["cluster"] = cluster
     result["topology"] = topo
     if rules.has_errors(problems):
-        return result
-    try:
-        specs = [model.rank_spec(cluster, inst, rank, topo["hosts"][rank["host"]])
-                 for inst in topo["instances"] for rank in inst["ranks"]]
-        violations.extend(rules.check_cluster(cluster, topo, specs))
-        proxy = model.proxy_spec(cluster, topo)
-    except PdError as exc:
-        violations.append(_v("error", exc.where, exc.field, exc.problem, exc.fix))
-        return result
+        return
+    specs = [model.rank_spec(cluster, inst, rank, topo["hosts"][rank["host"]])
+             for inst in topo["instances"] for rank in inst["ranks"]]
+    violations.extend(rules.check_cluster(cluster, topo, specs))
+    violations.extend(guards.spec_violations(cluster, topo, specs))
+    proxy = model.proxy_spec(cluster, topo)
+    for spec in specs + [proxy]:  # README "Secrets": the key as a redaction, the real value at docker run
+        secrets.protect(spec, key_redaction, model.spec_hash)
+    violations.extend(idle_host_violations(name, topo, proxy))
+    result["capacity"] = capacity_summary(cluster, topo, specs)
     result["specs"] = specs
     result["proxy"] = proxy
-    result["capacity"] = capacity_summary(cluster, topo, specs)
-    return result
 
 
 def port_collisions(specs, address_of):
@@ -193,6 +354,17 @@ def port_collisions(specs, address_of):
     return out
 
 
+def _port_claims(result):
+    """Port claims (pd_deploy/ports.py) of a cluster that rendered; [] for one that did not."""
+    if not result["specs"]:
+        return []
+    try:
+        row = versions.version_row(result["cluster"]["vllm_ascend_version"])
+        return ports.claims(result["cluster"], result["topology"], row)
+    except PdError:
+        return []  # the cluster's own rules report it
+
+
 def plan_fleet(fleet):
     """Plan every cluster of ``fleet`` ({"hosts": [{name, groups, vars}], "limit": [names]|None}).
 
@@ -205,10 +377,13 @@ def plan_fleet(fleet):
     violations = []
     grouped = _group_hosts(fleet, violations)
     if not fleet["hosts"]:
-        violations.append(_v("error", "inventory", "pd_clusters", "the group pd_clusters has no hosts",
-                             "copy inventories/example and list your hosts under pd_clusters"))
+        violations.append(_v("error", "inventory", "pd_clusters",
+                             "the inventory holds no cluster: the group pd_clusters has no hosts",
+                             "name your fleet's inventory with -i (copy inventories/example) and list each "
+                             "cluster as a child group of pd_clusters"))
     plan = {"clusters": {}, "hosts": {}}
     all_specs = []
+    window_claims = []
     address_of = {}
     for name, (raw, hosts) in grouped.items():
         result = plan_cluster(name, raw, hosts)
@@ -218,11 +393,13 @@ def plan_fleet(fleet):
             plan["hosts"][host["name"]] = {
                 "cluster": name, "role": host["role"], "specs": [], "proxy": None,
                 "npus": host["npus"], "ram_reserve_bytes": host["ram_reserve_bytes"],
+                "hbm_per_npu_bytes": host["hbm_per_npu_bytes"], "npu_chip": host["npu_chip"],
                 "model_path": ((result.get("cluster") or {}).get("model") or {}).get("path"),
             }
         for spec in result["specs"]:
             plan["hosts"][spec["host"]]["specs"].append(spec)
         all_specs.extend(result["specs"])
+        window_claims.extend(_port_claims(result))
         if result["proxy"]:
             plan["hosts"][result["proxy"]["host"]]["proxy"] = result["proxy"]
             all_specs.append(result["proxy"])
@@ -235,6 +412,9 @@ def plan_fleet(fleet):
             "ranks": [s["name"] for s in result["specs"]],
         }
     violations.extend(port_collisions(all_specs, address_of))
+    violations.extend(inventory.machine_violations(
+        [h for _, hosts in grouped.values() for h in hosts], all_specs))
+    violations.extend(ports.check(window_claims, across_clusters_only=True))
     plan["violations"] = violations
     plan["ok"] = not rules.has_errors(violations)
     plan["batches"] = rollout_batches(fleet.get("limit") or [h["name"] for h in fleet["hosts"]], plan["hosts"])

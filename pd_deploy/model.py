@@ -11,7 +11,7 @@ import json
 import math
 
 
-from pd_deploy import connectors, datafiles, sizes, versions
+from pd_deploy import connectors, datafiles, ports, sizes, versions
 from pd_deploy.errors import PdError
 
 ROLES = ("prefill", "decode")
@@ -31,6 +31,59 @@ ASCEND_MOUNTS = (
     "/etc/hccn.conf",
     "/usr/local/Ascend/driver/tools/hccn_tool",
 )
+
+
+#: recipe items of a model family set per cluster (pd_cluster.recipe); string items take false = off
+RECIPE_CLUSTER_KEYS = ("tokenizer_mode", "tool_call_parser", "enable_auto_tool_choice", "reasoning_parser",
+                       "enable_expert_parallel", "quantization", "speculative_method", "allocator_preload")
+_RECIPE_STRINGS = ("tokenizer_mode", "tool_call_parser", "reasoning_parser", "quantization",
+                   "speculative_method", "allocator_preload")
+#: recipe items of a model family set per role (pd_cluster.<role>.engine)
+RECIPE_ROLE_KEYS = ("enforce_eager", "num_speculative_tokens", "speculative_enforce_eager", "cudagraph_mode",
+                    "additional_config")
+
+
+def family_recipe(family, where="pd_family_recipe"):
+    """A fresh copy of the launch recipe of a model family (pd_deploy/data/models.yml ``recipe``)."""
+    data = datafiles.yaml_data("models.yml")
+    if not isinstance(family, str) or not isinstance(data.get(family), dict) or "recipe" not in data[family]:
+        known = ", ".join(sorted(k for k, v in data.items() if isinstance(v, dict) and "recipe" in v))
+        raise PdError(where, "model.family", f"{family!r} is not a model family with a recipe",
+                      f"set pd_cluster.model.family to one of: {known}")
+    return data[family]["recipe"]
+
+
+def _resolve_recipe(cluster):
+    """Fill the cluster's recipe items the operator left null from its model family."""
+    fam = family_recipe(cluster["model"].get("family"), cluster["name"])
+    if cluster.get("mooncake_connector") is None:
+        cluster["mooncake_connector"] = fam["mooncake_connector"]
+    own = cluster.get("recipe") or {}
+    resolved = {}
+    for key in RECIPE_CLUSTER_KEYS:
+        value = own.get(key)
+        value = fam[key] if value is None else value
+        if key in _RECIPE_STRINGS and value is False:
+            value = None
+        resolved[key] = value
+    resolved["env"] = dict(fam.get("env") or {})
+    cluster["recipe"] = resolved
+    return fam
+
+
+def _resolve_role_recipe(merged, fam_role):
+    """Fill a role's recipe items left null from the family; decode batched tokens from seqs x (1 + N)."""
+    engine = merged["engine"]
+    for key in RECIPE_ROLE_KEYS:
+        if engine.get(key) is None:
+            engine[key] = copy.deepcopy(fam_role[key])
+    if engine["cudagraph_mode"] is False:
+        engine["cudagraph_mode"] = None
+    seqs, spec = engine.get("max_num_seqs"), engine.get("num_speculative_tokens")
+    if engine.get("max_num_batched_tokens") is None and all(
+            isinstance(v, int) and not isinstance(v, bool) for v in (seqs, spec)):
+        engine["max_num_batched_tokens"] = seqs * (1 + spec)
+    merged["env"] = dict(fam_role.get("env") or {}, **(merged.get("env") or {}))
 
 
 def defaults():
@@ -86,6 +139,7 @@ def normalize_cluster(name, raw):
         raise PdError(name, "model.path", "is required",
                       f"set pd_cluster.model.path (the model directory on every host) in group_vars/{name}.yml")
     cluster["vllm_ascend_version"] = str(cluster["vllm_ascend_version"])
+    _resolve_recipe(cluster)
     return cluster
 
 
@@ -93,6 +147,7 @@ def normalize(name, raw):
     """Full normalization of one cluster: cluster keys plus both roles (sizes as bytes)."""
     cluster = normalize_cluster(name, raw)
     base = defaults()
+    fam = family_recipe(cluster["model"]["family"], name)
     cluster["roles"] = {}
     for role in ROLES:
         override = (raw or {}).get(role) or {}
@@ -109,13 +164,20 @@ def normalize(name, raw):
             shm, field=f"{role}.shm_size", where=where)
         for key in ("instances", "dp", "tp"):
             _require_int(merged[key], where, f"{role}.{key}", minimum=1)
+        _resolve_role_recipe(merged, fam[role])
         cluster["roles"][role] = merged
-    cluster["env_common"] = base["env_common"]
+    cluster["env_common"] = dict(base["env_common"], **cluster["recipe"]["env"])
     return cluster
 
 
 def host_record(name, role, hostvars_subset):
-    """Build the host record of docs/design.md from a host's pd_* variables (plain dict)."""
+    """Build the host record of docs/design.md from a host's pd_* variables (plain dict).
+
+    The IP address (pd_host_address / ansible_host), pd_hccl_if and pd_host_ram have no default
+    (pd_deploy/inventory.py): a missing one raises PdError naming the host and the field.
+    """
+    from pd_deploy import inventory  # local: inventory reads the roles, model stays importable alone
+
     base = defaults()["host"]
     hv = hostvars_subset or {}
     where = name
@@ -124,22 +186,35 @@ def host_record(name, role, hostvars_subset):
         value = hv.get(key)
         return default if value is None else value
 
+    def need(key):
+        if hv.get(key) is None:
+            raise PdError(where, key, "missing (no default)", f"set {key} in the host's host_vars")
+        return hv[key]
+
     npus = _require_int(pick("pd_npus", base["npus"]), where, "pd_npus", minimum=1)
     npu_first = _require_int(pick("pd_npu_first", base["npu_first"]), where, "pd_npu_first")
+    address = inventory.host_address(name, hv)
     return {
         "name": name,
         "role": role,
-        "address": str(pick("pd_host_address", hv.get("ansible_host") or name)),
+        "address": address,
+        "machine": str(pick("pd_machine", address)),
         "npus": npus,
         "npu_first": npu_first,
         "hbm_per_npu_bytes": sizes.to_bytes(pick("pd_hbm_per_npu", base["hbm_per_npu"]),
                                             field="pd_hbm_per_npu", where=where),
-        "ram_bytes": sizes.to_bytes(pick("pd_host_ram", base["ram"]), field="pd_host_ram", where=where),
+        "npu_chip": str(pick("pd_npu_chip", base["npu_chip"])),
+        "ram_bytes": sizes.to_bytes(need("pd_host_ram"), field="pd_host_ram", where=where),
         "ram_reserve_bytes": sizes.to_bytes(pick("pd_host_ram_reserve", base["ram_reserve"]),
                                             field="pd_host_ram_reserve", where=where),
-        "hccl_if": str(pick("pd_hccl_if", base["hccl_if"])),
+        "hccl_if": str(need("pd_hccl_if")),
         "ascend_root": str(pick("pd_ascend_root", base["ascend_root"])).rstrip("/"),
     }
+
+
+def host_npus(host):
+    """The host's NPU numbers pd-deploy may use: ``npu_first .. npu_first + npus - 1``."""
+    return list(range(host["npu_first"], host["npu_first"] + host["npus"]))
 
 
 def topology(cluster, hosts):
@@ -203,7 +278,19 @@ def topology(cluster, hosts):
                 topo["hosts"][host["name"]]["ranks"].append(rank)
             inst["dp_address"] = inst["ranks"][0]["address"] if inst["ranks"] else None
             topo["instances"].append(inst)
+    _hccl_slots(topo)
     return topo, problems
+
+
+def _hccl_slots(topo):
+    """Number the instances on each host address 0, 1, ..: each gets its own HCCL window."""
+    seen = {}
+    for inst in topo["instances"]:
+        for rank in inst["ranks"]:
+            owners = seen.setdefault(rank["address"], [])
+            if (inst["role"], inst["index"]) not in owners:
+                owners.append((inst["role"], inst["index"]))
+            rank["hccl_slot"] = owners.index((inst["role"], inst["index"]))
 
 
 def _problem(where, field, message, fix, level="error"):
@@ -249,7 +336,8 @@ def shm_bytes(rcfg, pinned):
     return max(SHM_MIN_BYTES, math.ceil(pinned * SHM_HEADROOM / GIB) * GIB)
 
 
-def _flag_args(engine, role_name):
+def _flag_args(engine, recipe):
+    """vLLM flags of one role's engine keys and the cluster's resolved recipe (docs/design.md)."""
     args = [
         "--max-model-len", str(engine["max_model_len"]),
         "--max-num-seqs", str(engine["max_num_seqs"]),
@@ -268,9 +356,25 @@ def _flag_args(engine, role_name):
         args.append("--enforce-eager")
     if engine["trust_remote_code"]:
         args.append("--trust-remote-code")
-    if engine["num_speculative_tokens"]:
-        args += ["--speculative-config", compact_json(
-            {"num_speculative_tokens": engine["num_speculative_tokens"], "method": "deepseek_mtp"})]
+    if recipe["enable_expert_parallel"]:
+        args.append("--enable-expert-parallel")
+    if recipe["quantization"]:
+        args += ["--quantization", recipe["quantization"]]
+    if recipe["tokenizer_mode"]:
+        args += ["--tokenizer-mode", recipe["tokenizer_mode"]]
+    if recipe["tool_call_parser"]:
+        args += ["--tool-call-parser", recipe["tool_call_parser"]]
+        if recipe["enable_auto_tool_choice"]:
+            args.append("--enable-auto-tool-choice")
+    if recipe["reasoning_parser"]:
+        args += ["--reasoning-parser", recipe["reasoning_parser"]]
+    if engine["num_speculative_tokens"] and recipe["speculative_method"]:
+        spec = {"num_speculative_tokens": engine["num_speculative_tokens"], "method": recipe["speculative_method"]}
+        if engine["speculative_enforce_eager"]:
+            spec["enforce_eager"] = True
+        args += ["--speculative-config", compact_json(spec)]
+    if engine["cudagraph_mode"] and not engine["enforce_eager"]:
+        args += ["--compilation-config", compact_json({"cudagraph_mode": engine["cudagraph_mode"]})]
     return args
 
 
@@ -305,16 +409,23 @@ def rank_spec(cluster, inst, rank, host):
     row = versions.version_row(cluster["vllm_ascend_version"])
     per_container, pinned = offload_bytes(cluster, role, host)
     kv_cfg = connectors.kv_transfer_config(rcfg, cluster, inst, row, per_container)
-    add_cfg = connectors.additional_config(rcfg, row)
+    add_cfg = connectors.additional_config(rcfg, row, engine["additional_config"])
     command = [
         "vllm", "serve", cluster["model"]["path"],
         "--served-model-name", cluster["model"]["served_name"],
         "--host", cluster["bind_host"], "--port", str(rank["port"]),
-        "--data-parallel-size", str(inst["dp"]), "--data-parallel-rank", str(rank["dp_rank"]),
-        "--data-parallel-address", inst["dp_address"],
-        "--data-parallel-rpc-port", str(inst["dp_rpc_port"]),
-        "--tensor-parallel-size", str(inst["tp"]),
-    ] + _flag_args(engine, role)
+    ]
+    # External DP flags only for DP > 1: vLLM reads --data-parallel-rank as "external load balancing"
+    # and refuses it with one rank ("data_parallel_external_lb can only be set when
+    # data_parallel_size > 1", vllm 0.27.1 vllm/config/parallel.py:483, set from data_parallel_rank in
+    # vllm/engine/arg_utils.py:2075; seen on the real engine, molecule/real-engine).
+    if inst["dp"] > 1:
+        command += [
+            "--data-parallel-size", str(inst["dp"]), "--data-parallel-rank", str(rank["dp_rank"]),
+            "--data-parallel-address", inst["dp_address"],
+            "--data-parallel-rpc-port", str(inst["dp_rpc_port"]),
+        ]
+    command += ["--tensor-parallel-size", str(inst["tp"])] + _flag_args(engine, cluster["recipe"])
     if kv_cfg:
         command += ["--kv-transfer-config", compact_json(kv_cfg)]
     if add_cfg:
@@ -322,17 +433,24 @@ def rank_spec(cluster, inst, rank, host):
     command += [str(a) for a in engine["extra_args"]]
     env = dict(cluster["env_common"])
     env.update({
-        "ASCEND_RT_VISIBLE_DEVICES": ",".join(str(d) for d in rank["devices"]),
+        # the rank's NPUs as its container numbers them (all host NPUs mounted: docs/design.md)
+        "ASCEND_RT_VISIBLE_DEVICES": ",".join(str(d) for d in ports.visible_ids(host, rank["devices"])),
         "HCCL_IF_IP": host["address"],
         "GLOO_SOCKET_IFNAME": host["hccl_if"],
         "TP_SOCKET_IFNAME": host["hccl_if"],
         "HCCL_SOCKET_IFNAME": host["hccl_if"],
     })
+    hccl_base = ports.hccl_base_port(cluster, rank)
+    if hccl_base != ports.facts()["hccl"]["if_base_port_default"]:
+        env["HCCL_IF_BASE_PORT"] = str(hccl_base)  # several instances share the host (docs/design.md)
     if engine["enable_prefix_caching"] and engine["prefix_cache_retention_interval"] is not None:
         env["VLLM_PREFIX_CACHE_RETENTION_INTERVAL"] = str(engine["prefix_cache_retention_interval"])
+    if cluster["recipe"]["allocator_preload"] and row["image_has_jemalloc"]:
+        env["LD_PRELOAD"] = cluster["recipe"]["allocator_preload"]
     env.update({str(k): str(v) for k, v in (rcfg["env"] or {}).items()})
     root = host["ascend_root"]
-    devices = [f"{root}/dev/davinci{d}:/dev/davinci{d}" for d in rank["devices"]]
+    # every NPU of the host, under its own name, so numbering inside equals the host's (design.md)
+    devices = [f"{root}/dev/davinci{d}:/dev/davinci{d}" for d in host_npus(host)]
     devices += [f"{root}{d}:{d}" for d in ASCEND_CONTROL_DEVICES]
     volumes = [f"{root}{m}:{m}:ro" for m in ASCEND_MOUNTS]
     volumes.append(f"{cluster['model']['path']}:{cluster['model']['path']}:ro")

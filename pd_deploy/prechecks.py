@@ -24,9 +24,85 @@ def required_paths(specs):
 
 
 def npu_count(npu_smi_stdout):
-    """NPU count from ``npu-smi info -l`` (``Total Count : 8``); None when absent."""
-    match = re.search(r"Total Count\s*:\s*(\d+)", npu_smi_stdout or "")
-    return int(match.group(1)) if match else None
+    """Logical NPU count from ``npu-smi info -l``; None when absent.
+
+    ``Total Count`` counts cards; an A3 card carries two chips (``Chip Count : 2``), each its own
+    /dev/davinciN and its own rank device, so the count is the sum of the cards' chip counts (16 on
+    an Atlas 800T A3, 8 on an A2): Total Count x the largest Chip Count listed (1 when none is).
+    """
+    text = npu_smi_stdout or ""
+    match = re.search(r"Total Count\s*:\s*(\d+)", text)
+    if not match:
+        return None
+    chips = [int(c) for c in re.findall(r"Chip Count\s*:\s*(\d+)", text)]
+    return int(match.group(1)) * max(chips or [1])
+
+
+_STATUS_ROW = re.compile(r"^\|\s*(\d+)\s+((?=\S*[A-Za-z])\S+)\s*\|\s*\S+\s*\|")
+_CHIP_ROW = re.compile(r"^\|\s*(\d+)(?:\s+(\d+))?\s*\|\s*[0-9A-Fa-f]{4}:[0-9A-Za-z]{2}:[0-9A-Fa-f]{2}\.\d\s*\|")
+_USAGE = re.compile(r"(\d+)\s*/\s*(\d+)")
+
+
+def npu_table(npu_smi_info_stdout):
+    """Chips of the ``npu-smi info`` status table: ``[{npu, chip, name, hbm_mb}]`` in table order.
+
+    Each chip takes two rows: ``| NPU  Name | Health | Power ...`` then ``| Chip [Phy-ID] | Bus-Id
+    | AICore  Memory-Usage  HBM-Usage |``; HBM is the total of the last ``used / total`` pair (MB).
+    A2 (Atlas 800T A2, vllm-project/vllm-ascend issues 975 and 1903) shows one chip per NPU; A3
+    (issues 2035 and 2534) shows two chip rows per NPU, both named ``Ascend910``. The process table
+    below is not read. An empty list when nothing parses.
+    """
+    out = []
+    pending = None
+    for line in (npu_smi_info_stdout or "").splitlines():
+        line = line.strip()
+        if "Process id" in line or "Process name" in line:
+            break
+        status = _STATUS_ROW.match(line)
+        if status:
+            pending = (int(status.group(1)), status.group(2))
+            continue
+        chip = _CHIP_ROW.match(line)
+        if chip and pending:
+            pairs = _USAGE.findall(line)
+            out.append({"npu": pending[0], "chip": int(chip.group(1)), "name": pending[1],
+                        "hbm_mb": int(pairs[-1][1]) if pairs else None})
+            pending = None
+    return out
+
+
+def _chip_key(name):
+    """910B3 / Ascend910B3 / ascend910b3 compare equal; Ascend910 (A3) is 910."""
+    text = str(name or "").strip().lower()
+    return text[len("ascend"):].strip() if text.startswith("ascend") else text
+
+
+def npu_model_problems(table, chip, hbm_per_npu_bytes):
+    """Chip name and HBM per NPU of the ``npu-smi info`` table against the host's inventory values.
+
+    ``chip`` is pd_npu_chip (the Name column), ``hbm_per_npu_bytes`` pd_hbm_per_npu. The table's MB
+    are MiB (65536 on a 64 GB NPU). A difference of more than 1% in HBM is a problem: the weight-fit
+    check and the KV estimate were computed for the inventory's value.
+    """
+    out = []
+    if not table:
+        return ["npu-smi info printed no NPU status rows — check the driver (the prechecks read the chip "
+                "name and HBM per NPU from that table)"]
+    names = sorted({row["name"] for row in table})
+    if chip and any(_chip_key(n) != _chip_key(chip) for n in names):
+        out.append(f"npu-smi info reports chip {', '.join(names)} but the inventory says pd_npu_chip "
+                   f"{chip} — set pd_npu_chip: {names[0]} in this host's host_vars (and pd_hbm_per_npu to "
+                   "its HBM), or fix the inventory's host list")
+    sizes_mb = sorted({row["hbm_mb"] for row in table if row["hbm_mb"] is not None})
+    if hbm_per_npu_bytes and sizes_mb:
+        want_mb = hbm_per_npu_bytes / 1024 ** 2
+        wrong = [mb for mb in sizes_mb if abs(mb - want_mb) > want_mb / 100]
+        if wrong:
+            found = " / ".join(f"{mb} MB" for mb in sizes_mb)
+            out.append(f"npu-smi info reports {found} of HBM per NPU ({names[0]}) but pd_hbm_per_npu is "
+                       f"{sizes.to_human(hbm_per_npu_bytes)} — set pd_hbm_per_npu: {min(sizes_mb) // 1024}GiB in "
+                       "this host's host_vars (the weight-fit check and KV estimate use it) and re-run")
+    return out
 
 
 def mem_total_bytes(meminfo):
@@ -44,8 +120,8 @@ def mem_total_bytes(meminfo):
 def problems(facts):
     """Every problem of one host as a list of ``host: what — what to do`` strings.
 
-    ``facts``: host, specs, model_path, npus_needed, ram_reserve_bytes, min_free_disk_bytes, probe (the
-    pd_host_probe result), checks (false with pd_prechecks_skip: only Docker and the health of
+    ``facts``: host, specs, model_path, npus_needed, ram_reserve_bytes, min_free_disk_bytes, npu_chip and
+    hbm_per_npu_bytes (the inventory's pd_npu_chip / pd_hbm_per_npu), probe (the pd_host_probe result), checks (false with pd_prechecks_skip: only Docker and the health of
     containers already running their spec are judged).
     """
     host = facts["host"]
@@ -55,7 +131,7 @@ def problems(facts):
     out = []
     if not docker.get("ok"):
         out.append(f"Docker engine not reachable ({docker.get('msg') or 'no answer'}) — install and "
-                   "start Docker (systemctl start docker) or point pd_container_docker_socket at its socket")
+                   "start Docker (systemctl start docker) or set pd_docker_socket (inventory or -e) to its socket")
     if facts.get("checks", True):
         out.extend(_host_problems(facts, probe))
     out.extend(sick_current(specs, probe))
@@ -89,6 +165,14 @@ def _host_problems(facts, probe):
         elif count < facts.get("npus_needed", 0):
             out.append(f"npu-smi reports {count} NPUs but this host's ranks use {facts['npus_needed']} — "
                        "fix pd_npus in host_vars or move ranks to another host")
+    info = probe.get("npu_smi_info")
+    if info is not None and (facts.get("npu_chip") or facts.get("hbm_per_npu_bytes")):
+        if info.get("rc") != 0:
+            why = (info.get("stderr") or "").strip().splitlines()[-1:] or ["no output"]
+            out.append(f"npu-smi info failed ({why[0]}) — check the driver")
+        else:
+            out.extend(npu_model_problems(npu_table(info.get("stdout")), facts.get("npu_chip"),
+                                          facts.get("hbm_per_npu_bytes")))
     pinned = sum(s.get("pinned_offload_bytes") or 0 for s in specs)
     mem = mem_total_bytes(probe.get("meminfo"))
     reserve = facts.get("ram_reserve_bytes") or 0
@@ -110,12 +194,15 @@ def _host_problems(facts, probe):
     own = [c["name"] for c in probe.get("containers") or [] if c.get("running")]
     out.extend(port_conflicts(specs, probe.get("listening_ports") or [], own))
     for image in probe.get("images_missing") or []:
-        out.append(f"image {image} is not on this host — docker load it (registries may be unreachable) "
-                   "or run with -e pd_container_pull=missing to pull it")
+        out.append(f"image {image} is not on this host — ship it from the controller: docker save {image} "
+                   "-o vllm-ascend.tar, then ansible-playbook playbooks/images.yml -i <inventory> "
+                   "-e pd_image_archive=$PWD/vllm-ascend.tar (air-gapped sites), or run with "
+                   "-e pd_container_pull=missing to pull it")
     return out
 
 
 FILTERS = {
     "pd_required_paths": required_paths,
     "pd_precheck_problems": problems,
+    "pd_npu_table": npu_table,
 }

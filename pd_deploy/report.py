@@ -1,48 +1,84 @@
 """Human-readable views of a fleet plan: the failure message and the capacity summary."""
 
 import json
+import os
+import re
 
 from pd_deploy import sizes
 from pd_deploy.containers import host_specs
 
 
+def _counts(plan):
+    errors = sum(1 for v in plan["violations"] if v["level"] == "error")
+    return errors, len(plan["violations"]) - errors
+
+
+def plan_report(plan):
+    """Every violation of a plan, one per line under a count: printed once by the validate play."""
+    errors, warnings = _counts(plan)
+    if errors:
+        head = (f"The inventory breaks {errors} rule(s) (and has {warnings} warning(s)); "
+                "no host was touched. Fix these and run again:")
+    else:
+        head = f"The inventory passes every rule, with {warnings} warning(s):"
+    return "\n".join([head] + ["  " + " ".join(m.split()) for m in plan["messages"]])
+
+
 def plan_failure_message(plan):
-    """The validate play's failure text: counts, then every violation on its own line."""
-    errors = [v for v in plan["violations"] if v["level"] == "error"]
-    warnings = [v for v in plan["violations"] if v["level"] != "error"]
-    head = (f"The inventory breaks {len(errors)} rule(s) (and has {len(warnings)} warning(s)); "
-            "no host was touched. Fix these and run again:")
-    return "\n".join([head] + ["  " + m for m in plan["messages"]])
+    """The validate play's failure text: the counts only (the violations were printed just above)."""
+    errors, warnings = _counts(plan)
+    return (f"The inventory breaks {errors} rule(s) (and has {warnings} warning(s)), listed above; "
+            "no host was touched.")
 
 
 def _h(n):
     return sizes.to_human(n) if n else "0"
 
 
+def _basis(cap):
+    bases = sorted({e.get("kv_estimate_basis", "") for e in cap.values()})
+    return "; ".join(b for b in bases if b)
+
+
 def capacity_markdown(name, summary):
-    """One cluster's capacity summary as a Markdown table (configured estimate)."""
+    """One cluster's capacity summary as a Markdown table (an estimate until a baseline measures it).
+
+    Every figure says what it is per: per NPU, per DP group (one engine of TP NPUs: max-num-seqs and
+    max-num-batched-tokens are per DP group), per instance (DP groups x DP) or per host.
+    """
     cap = summary.get("capacity") or {}
     lines = [f"## {name} (vllm-ascend {summary.get('vllm_ascend_version')})", "",
-             "Configured estimate: HBM x gpu_memory_utilization x kv_cache_share "
-             "(run playbooks/baseline.yml for measured bytes per token).", "",
+             f"ESTIMATE, not measured: {_basis(cap) or 'no capacity (the cluster failed validation)'}. "
+             "Run playbooks/baseline.yml to read the engine's own KV figures.", "",
              "| | prefill | decode |", "| --- | --- | --- |"]
+
+    def opt(key, fn):
+        return lambda e: fn(e[key]) if e.get(key) is not None else "-"
+
     rows = [
         ("instances x DP x TP", lambda e: f"{e['instances']} x {e['dp']} x {e['tp']}"),
-        ("engine ranks (containers)", lambda e: str(e["ranks"])),
-        ("KV budget per host", lambda e: _h(e["kv_budget_per_host_bytes"])),
-        ("KV budget per DP group", lambda e: _h(e["kv_budget_per_dp_group_bytes"])),
+        ("engine ranks (containers, one per DP group)", lambda e: str(e["ranks"])),
+        ("weights per NPU (estimate)", opt("weights_per_npu_bytes", _h)),
+        ("runtime + activation reserve per NPU (estimate)", opt("reserve_per_npu_bytes", _h)),
+        ("KV budget per NPU (estimate)", lambda e: _h(e["kv_budget_per_npu_bytes"])),
+        ("KV budget per DP group (TP NPUs)", lambda e: _h(e["kv_budget_per_dp_group_bytes"])),
+        ("KV budget per instance (DP groups)", lambda e: _h(e["kv_budget_per_instance_bytes"])),
+        ("KV budget per host (the role's NPUs on it)", lambda e: _h(e["kv_budget_per_host_bytes"])),
         ("max-num-seqs per DP group", lambda e: str(e["max_num_seqs_per_dp_group"])),
-        ("max-num-batched-tokens", lambda e: str(e["max_num_batched_tokens"])),
+        ("max-num-batched-tokens per DP group", lambda e: str(e["max_num_batched_tokens"])),
         ("concurrency cap (seqs x DP x instances)", lambda e: str(e["total_concurrency_cap"])),
-        ("expected P concurrency per instance",
-         lambda e: str(e["expected_concurrency_per_instance"]["concurrency"]) if "expected_concurrency_per_instance" in e else "-"),
-        ("recommended batched tokens",
+        ("expected P concurrency per DP group / per instance",
+         lambda e: (f"{e['expected_concurrency_per_instance']['concurrency_per_dp_group']} / "
+                    f"{e['expected_concurrency_per_instance']['concurrency']}")
+         if "expected_concurrency_per_instance" in e else "-"),
+        ("recommended batched tokens per DP group",
          lambda e: str(e["recommended_batched_tokens"]["recommended"]) if "recommended_batched_tokens" in e else "-"),
         ("offload connector", lambda e: e["offload_connector"]),
         ("offload per host", lambda e: _h(e["offload_host_total_bytes"])),
         ("pinned per container", lambda e: _h(e["pinned_per_container_bytes"])),
         ("shm per container", lambda e: _h(e["shm_per_container_bytes"])),
         ("min RAM headroom (RAM - pinned)", lambda e: _h(min(e["ram_headroom_bytes"].values()))),
+        ("host RAM the article advises (offload + 312GiB)", opt("ram_guidance_bytes", _h)),
     ]
     for label, fn in rows:
         cells = [fn(cap[r]) if r in cap else "-" for r in ("prefill", "decode")]
@@ -62,10 +98,10 @@ def capacity_lines(plan):
 
 
 def capacity_files(plan):
-    """[{cluster, file, content}] for build/render/<cluster>/capacity.{json,md}."""
+    """[{cluster, file, content}] for build/<inventory>/render/<cluster>/capacity.{json,md}."""
     out = []
     for name, summary in plan["clusters"].items():
-        body = {"cluster": name, "estimate": "configured", "capacity": summary.get("capacity"),
+        body = {"cluster": name, "estimate": "configured (not measured: see kv_estimate_basis)", "capacity": summary.get("capacity"),
                 "ranks": summary.get("ranks"), "proxy": (summary.get("proxy") or {}).get("name")}
         out.append({"cluster": name, "file": "capacity.json", "content": json.dumps(body, indent=2) + "\n"})
         out.append({"cluster": name, "file": "capacity.md", "content": capacity_markdown(name, summary)})
@@ -110,8 +146,8 @@ def _started(spec, pending):
 def build_files(plan, build_dir, render_specs=False):
     """Every controller file of a plan run as [{path, content}] for the pd_write_files action.
 
-    Always build/plan.json and build/render/<cluster>/capacity.{json,md}; with ``render_specs``
-    also one build/render/<host>/<container>.json per launch spec (engine ranks and proxies).
+    Always build/<inventory>/plan.json and build/<inventory>/render/<cluster>/capacity.{json,md}; with ``render_specs``
+    also one build/<inventory>/render/<host>/<container>.json per launch spec (engine ranks and proxies).
     """
     render = f"{build_dir}/render"
     out = [{"path": f"{build_dir}/plan.json", "content": json.dumps(plan, indent=2, sort_keys=True) + "\n"}]
@@ -124,10 +160,48 @@ def build_files(plan, build_dir, render_specs=False):
     return out
 
 
+#: inventory file names that stand for their directory (-i inventories/prod/hosts.yml is "prod")
+_INVENTORY_FILES = ("hosts", "inventory")
+_INVENTORY_EXTS = (".yml", ".yaml", ".ini", ".json", ".cfg", ".toml")
+#: build/ names that are not an inventory's (make collection writes build/collection/)
+_RESERVED = ("collection",)
+
+
+def inventory_slug(sources):
+    """Directory name under build/ for the output of one inventory (``ansible_inventory_sources``).
+
+    ``/etc/pd/prod`` and ``/etc/pd/prod/hosts.yml`` are ``prod``; ``inventories/example`` is
+    ``example``; a host list (``a,b,``) is ``adhoc``; several sources are joined with ``+``. Only
+    ``[A-Za-z0-9._-]`` is kept (others become ``_``), so the name is one safe path segment; an
+    inventory named ``collection`` is ``collection-inventory`` (``make collection`` owns that name). Two
+    inventories with the same name at different paths get the same slug: pd_write_files' manifest
+    records the sources and refuses to mix them.
+    """
+    if isinstance(sources, str):
+        sources = [sources]
+    names = []
+    for source in sources or []:
+        text = str(source).rstrip("/")
+        if "," in text and "/" not in text:
+            names.append("adhoc")
+            continue
+        base = os.path.basename(text)
+        stem, ext = os.path.splitext(base)
+        if ext.lower() in _INVENTORY_EXTS:
+            base = stem
+        if base.lower() in _INVENTORY_FILES and os.path.basename(os.path.dirname(text)):
+            base = os.path.basename(os.path.dirname(text))
+        names.append(re.sub(r"[^A-Za-z0-9._-]", "_", base).strip(".") or "inventory")
+    slug = "+".join(names) or "default"
+    return f"{slug}-inventory" if slug in _RESERVED else slug
+
+
 FILTERS = {
+    "pd_inventory_slug": inventory_slug,
     "pd_build_files": build_files,
     "pd_rollout_summary": rollout_summary,
     "pd_plan_failure_message": plan_failure_message,
+    "pd_plan_report": plan_report,
     "pd_capacity_lines": capacity_lines,
     "pd_capacity_files": capacity_files,
 }

@@ -12,7 +12,7 @@ connector configs). Nothing is kept between calls.
 
 import json
 
-from pd_deploy import capacity, connectors, model, sizes, versions
+from pd_deploy import capacity, connectors, model, ports, sizes, versions
 from pd_deploy.errors import PdError
 
 ROLES = ("prefill", "decode")
@@ -25,10 +25,6 @@ DEFAULT_RAM_RESERVE_BYTES = 64 * GIB
 GMU_PRODUCTION = 0.85
 GMU_WARN = 0.90
 GMU_ERROR = 0.95
-#: Mooncake's AscendDirectTransport picks random ports in [20000, 20000 + NPUs x 1000) (vllm-ascend
-#: pd_disaggregation_mooncake_multi_node.md: 8 NPUs -> kv_port >= 28000, 16 NPUs -> >= 36000).
-MOONCAKE_TRANSPORT_BASE = 20000
-MOONCAKE_TRANSPORT_PER_NPU = 1000
 _V4_FAMILY_PREFIX = "deepseek_v4"
 
 
@@ -43,18 +39,10 @@ def _v(level, where, field, message, fix):
 
 def _where(ctx, role=None, instance=None, host=None):
     """``<cluster>/<role>[/instance i][@host]``."""
-    text = ctx["name"]
-    if role:
-        text += f"/{role}"
-    if instance is not None:
-        text += f"/instance {instance}"
-    if host:
-        text += f"@{host}"
-    return text
+    return ports.where_label(ctx["name"], role, instance, host)
 
 
-def _is_int(value):
-    return isinstance(value, int) and not isinstance(value, bool)
+_is_int = ports.is_int
 
 
 def _is_number(value):
@@ -333,6 +321,154 @@ def rule_offloading_connector_placement(ctx):
                "use offload_connector: RecomputeCPUOffloadConnector on decode, or none")]
 
 
+def rule_offloading_usable(ctx):
+    """OffloadingConnector only on rows whose spec can start (versions.yml offloading_connector)."""
+    row = ctx["row"]
+    if row is None or row["offloading_connector"]["usable"]:
+        return []
+    out = []
+    lines = versions.offloading_lines()
+    for role in ROLES:
+        if ctx["roles"][role].get("offload_connector") != "OffloadingConnector":
+            continue
+        out.append(_v("error", _where(ctx, role), f"{role}.offload_connector",
+                      f"OffloadingConnector cannot start on vllm-ascend {row['line']} "
+                      f"(pd_deploy/data/versions.yml): {' '.join(row['offloading_connector']['reason'].split())}",
+                      f"set vllm_ascend_version to a line where it works ({', '.join(lines) or 'none yet'}) "
+                      f"with its image, or set {role}.offload_connector: none and {role}.cpu_offload: 0"))
+    return out
+
+
+def _engine_ints(engine, *keys):
+    values = [engine.get(k) for k in keys]
+    return values if all(_is_int(v) for v in values) else None
+
+
+def rule_decode_batched_tokens(ctx):
+    """Decode max_num_batched_tokens = max_num_seqs x (1 + speculative tokens), as upstream sizes D."""
+    engine = ctx["roles"]["decode"]["engine"]
+    values = _engine_ints(engine, "max_num_batched_tokens", "max_num_seqs", "num_speculative_tokens")
+    if values is None:
+        return []
+    tokens, seqs, spec = values
+    need = seqs * (1 + spec)
+    if tokens == need:
+        return []
+    field = "decode.engine.max_num_batched_tokens"
+    fix = (f"set decode.engine.max_num_batched_tokens: {need} (max_num_seqs {seqs} x (1 + {spec})), "
+           "or null to derive it")
+    if tokens < need:
+        return [_v("error", _where(ctx, "decode"), field,
+                   f"{tokens} < max_num_seqs x (1 + num_speculative_tokens) = {need}: one decode step of every "
+                   "running request with its draft tokens does not fit, so decode cannot run max_num_seqs at once",
+                   fix)]
+    return [_v("warning", _where(ctx, "decode"), field,
+               f"{tokens} > max_num_seqs x (1 + num_speculative_tokens) = {need}: upstream sizes decode exactly "
+               "(tutorial A2 D 30 x 2 = 60, nightly D 60 x 4 = 240); the surplus only reserves activation memory",
+               fix)]
+
+
+#: vllm-ascend sets the largest captured ACL graph to min(max_num_seqs x (1 + draft tokens), 512) when
+#: no capture size is given (v0.23.0 .. main: vllm_ascend/platform.py _get_default_max_cudagraph_capture_size),
+#: so pd-deploy renders no capture sizes; past the cap decode steps are not captured.
+GRAPH_CAPTURE_CAP = 512
+
+
+def rule_decode_graph_capture(ctx):
+    """Decode graphs cover max_num_seqs x (1 + N) tokens only up to vllm-ascend's 512 cap."""
+    engine = ctx["roles"]["decode"]["engine"]
+    values = _engine_ints(engine, "max_num_seqs", "num_speculative_tokens")
+    if values is None or not engine.get("cudagraph_mode") or engine.get("enforce_eager"):
+        return []
+    need = values[0] * (1 + values[1])
+    if need <= GRAPH_CAPTURE_CAP:
+        return []
+    return [_v("warning", _where(ctx, "decode"), "decode.engine.max_num_seqs",
+               f"max_num_seqs x (1 + num_speculative_tokens) = {need} > {GRAPH_CAPTURE_CAP}: vllm-ascend captures "
+               f"decode graphs up to {GRAPH_CAPTURE_CAP} tokens, so full decode batches run without "
+               f"{engine['cudagraph_mode']} graphs",
+               f"keep max_num_seqs x (1 + num_speculative_tokens) <= {GRAPH_CAPTURE_CAP}, or add more decode DP ranks")]
+
+
+def rule_speculative_agree(ctx):
+    """P and D both use speculative decoding (same method) or neither; P drafts 1 token for MTP."""
+    out = []
+    method = ctx["cluster"].get("recipe", {}).get("speculative_method")
+    n = {r: ctx["roles"][r]["engine"].get("num_speculative_tokens") for r in ROLES}
+    if not all(_is_int(v) and v >= 0 for v in n.values()):
+        for role in ROLES:
+            if not (_is_int(n[role]) and n[role] >= 0):
+                out.append(_v("error", _where(ctx, role), f"{role}.engine.num_speculative_tokens",
+                              f"{n[role]!r} is not a whole number >= 0", "set num_speculative_tokens: 1 (MTP) or 0"))
+        return out
+    if (n["prefill"] > 0) != (n["decode"] > 0):
+        off = "prefill" if n["prefill"] == 0 else "decode"
+        out.append(_v("error", _where(ctx, off), f"{off}.engine.num_speculative_tokens",
+                      f"speculative decoding is on for {'decode' if off == 'prefill' else 'prefill'} but off for "
+                      f"{off}: P and D must run the same speculative method, the Mooncake connector transfers the "
+                      "draft (MTP) layer's KV only when both sides have it",
+                      f"set {off}.engine.num_speculative_tokens: 1 (or 0 on both)"))
+    if (n["prefill"] or n["decode"]) and not method:
+        out.append(_v("error", ctx["name"], "recipe.speculative_method",
+                      "num_speculative_tokens > 0 but the model family has no speculative method",
+                      "set pd_cluster.recipe.speculative_method (mtp), or num_speculative_tokens: 0"))
+    if method == "mtp" and n["prefill"] > 1:
+        out.append(_v("warning", _where(ctx, "prefill"), "prefill.engine.num_speculative_tokens",
+                      f"{n['prefill']} MTP tokens on prefill: P generates one token, upstream drafts 1 there "
+                      "(DeepSeek-V4-Flash tutorial: 'Prefill to 1 and Decode to the actual number')",
+                      "set prefill.engine.num_speculative_tokens: 1"))
+    return out
+
+
+def rule_recipe_flags(ctx):
+    """--enable-auto-tool-choice needs a --tool-call-parser (vLLM refuses to start without one)."""
+    recipe = ctx["cluster"].get("recipe") or {}
+    if recipe.get("enable_auto_tool_choice") and not recipe.get("tool_call_parser"):
+        return [_v("error", ctx["name"], "recipe.enable_auto_tool_choice",
+                   "auto tool choice is on without a tool call parser: vLLM refuses to start",
+                   "set pd_cluster.recipe.tool_call_parser (deepseek_v4), or enable_auto_tool_choice: false")]
+    return []
+
+
+#: the image repository whose tags the version table knows (quay.io, vllm-ascend's release images)
+OFFICIAL_IMAGE = "quay.io/ascend/vllm-ascend"
+A3_NPUS = 16
+A3_SUFFIX = "-a3"
+
+
+def _split_image(image):
+    """``(repository, tag)``; tag None when the reference has none (a registry port is not a tag)."""
+    name, _, tag = image.rpartition(":")
+    if not name or "/" in tag:
+        return image, None
+    return name, tag
+
+
+def rule_image_tag(ctx):
+    """The official image's tag must be the version row's (plus -a3 on 16-NPU A3 hosts)."""
+    row, image = ctx["row"], ctx["cluster"].get("image")
+    if row is None or not isinstance(image, str):
+        return []
+    repo, tag = _split_image(image)
+    if repo != OFFICIAL_IMAGE:
+        return []
+    a3 = any(h.get("npus") == A3_NPUS for h in ctx["topo"]["hosts"].values())
+    suffix = A3_SUFFIX if a3 else ""
+    kind = "A3 hosts (16 NPUs) run the -a3 image" if a3 else "A2 hosts run the image without -a3"
+    if row["image_tag"] is None:
+        return [_v("warning", ctx["name"], "image",
+                   f"vllm-ascend {row['line']} has no published image tag in pd_deploy/data/versions.yml: "
+                   f"{image} must have been built and loaded on every host",
+                   "build the image from that branch, or use a line with a published image")]
+    want = row["image_tag"] + suffix
+    if tag == want:
+        return []
+    return [_v("error", ctx["name"], "image",
+               f"{image} is not vllm-ascend {row['line']}'s image: its published tag is {want} ({kind}; "
+               f"pd_deploy/data/versions.yml image_tag)",
+               f"set image: {OFFICIAL_IMAGE}:{want}, or vllm_ascend_version to the line of the tag you run")]
+
+
 def rule_offload_bytes(ctx):
     """An offload connector needs bytes; bytes need a connector; Recompute needs its scheduler."""
     out = []
@@ -398,17 +534,39 @@ def rule_batched_tokens_vs_prompt(ctx):
 
 
 def rule_batched_tokens_danger(ctx):
-    """max_num_batched_tokens > 65536 at TP <= 4 on 910B3: activation memory OOM (error)."""
+    """max_num_batched_tokens in the article's danger zone (65536): activation memory OOM.
+
+    The article (§4.2, 910B3 64 GB TP4): 32768 sweet spot, 49152 upper bound, "65536 is the danger
+    zone". Above 65536 at TP <= 4: error; 65536 itself, or above it at a larger TP (not measured
+    there): warning.
+    """
     out = []
     for role in ROLES:
         rcfg = ctx["roles"][role]
         value, tp = rcfg["engine"].get("max_num_batched_tokens"), rcfg["tp"]
-        if _is_int(value) and _is_int(tp) and tp <= 4 and value > capacity.DANGER_ZONE:
-            out.append(_v("error", _where(ctx, role), f"{role}.engine.max_num_batched_tokens",
-                          f"{value} > {capacity.DANGER_ZONE} at TP{tp}: the article's danger zone on 910B3 "
-                          "(activation memory OOM)",
-                          f"set max_num_batched_tokens: {capacity.SWEET_SPOT} (sweet spot) or at most "
-                          f"{capacity.UPPER_BOUND} (upper bound)"))
+        if not (_is_int(value) and _is_int(tp)) or value < capacity.DANGER_ZONE:
+            continue
+        error = tp <= 4 and value > capacity.DANGER_ZONE
+        where_tp = f"at TP{tp}" if tp <= 4 else f"at TP{tp} (the article measured TP4; not proven safe here)"
+        out.append(_v("error" if error else "warning", _where(ctx, role), f"{role}.engine.max_num_batched_tokens",
+                      f"{value} >= {capacity.DANGER_ZONE} {where_tp}: the article's danger zone on 910B3 "
+                      "(activation memory OOM)",
+                      f"set max_num_batched_tokens: {capacity.SWEET_SPOT} (sweet spot) or at most "
+                      f"{capacity.UPPER_BOUND} (upper bound)"))
+    return out
+
+
+def rule_weights_fit(ctx):
+    """The model's weights per NPU (models.yml, quantization, DP/TP/EP) fit HBM x gpu_memory_utilization."""
+    out = []
+    for role in ROLES:
+        hosts = _role_hosts(ctx, role)
+        try:
+            problems = capacity.weights_fit_problems(ctx["cluster"], role, hosts)
+        except (PdError, KeyError, TypeError):
+            continue  # bad engine values are rule_engine_types' to report
+        for host, message, fix in problems:
+            out.append(_v("error", _where(ctx, role, host=host), "model.quantization", message, fix))
     return out
 
 
@@ -618,22 +776,17 @@ def rule_kv_port_ranges(ctx):
     return out
 
 
-def rule_kv_port_reserved(ctx):
-    """kv ports must avoid Mooncake's transport range [20000, 20000 + NPUs x 1000) of the host."""
-    out = []
-    hosts = {h.get("address"): h for h in ctx["topo"]["hosts"].values()}
-    for addr, lo, hi, role, index, host in _kv_claims(ctx):
-        npus = (ctx["topo"]["hosts"].get(host) or hosts.get(addr) or {}).get("npus")
-        if not _is_int(npus):
-            continue
-        end = MOONCAKE_TRANSPORT_BASE + npus * MOONCAKE_TRANSPORT_PER_NPU
-        if _overlap(lo, hi, MOONCAKE_TRANSPORT_BASE, end):
-            out.append(_v("error", _where(ctx, role, index, host), f"{role}.kv_port",
-                          f"kv ports {lo}..{hi - 1} overlap Mooncake's transport ports "
-                          f"{MOONCAKE_TRANSPORT_BASE}..{end - 1} on a {npus}-NPU host "
-                          "('Address already in use' at random)",
-                          f"set {role}.kv_port >= {end}"))
-    return out
+def rule_port_windows(ctx):
+    """Ports vs the windows Mooncake and HCCL draw from, per host address (pd_deploy/ports.py).
+
+    kv ports strictly above Mooncake's Ascend transport window (sized by the image's Mooncake
+    version and the ranks' device ids), rendered ports outside every window, one HCCL window per
+    instance on a shared host, nothing past 65535.
+    """
+    try:
+        return ports.check(ports.claims(ctx["cluster"], ctx["topo"], ctx["row"]))
+    except PdError as exc:
+        return [_v("error", exc.where, exc.field, exc.problem, exc.fix or "see pd_deploy/data/ports.yml")]
 
 
 def _pinned_per_host(ctx):
@@ -702,6 +855,15 @@ def rule_host_ram(ctx):
             rcfg = ctx["roles"][role]
             if rcfg.get("offload_connector") != "none" and _is_int(rcfg.get("cpu_offload_bytes")):
                 offload += rcfg["cpu_offload_bytes"]
+        guidance = capacity.ram_guidance(offload)
+        if offload and offload + reserve <= ram < guidance:
+            role = roles[0] if len(roles) == 1 else None
+            out.append(_v("warning", _where(ctx, role, host=name), "pd_host_ram",
+                          f"host RAM {sizes.to_human(ram)} is below the article's guidance for "
+                          f"{sizes.to_human(offload)} of CPU offload: {sizes.to_human(guidance)} (offload + 312GiB "
+                          "for the system and vLLM, from its 200 GB offload -> >= 512 GB RAM)",
+                          f"use a host with >= {sizes.to_human(guidance)} of RAM, or lower cpu_offload to "
+                          f"{sizes.to_human(max(0, ram - (guidance - offload)))} on this host"))
         if offload and ram < offload + reserve:
             role = roles[0] if len(roles) == 1 else None
             out.append(_v("error", _where(ctx, role, host=name), f"{role or '/'.join(roles)}.cpu_offload",
@@ -838,6 +1000,7 @@ RULES = (
     rule_recompute_scheduler_placement,
     rule_recompute_connector_placement,
     rule_offloading_connector_placement,
+    rule_offloading_usable,
     rule_offload_bytes,
     rule_gpu_memory_utilization,
     rule_batched_tokens_vs_prompt,
@@ -849,10 +1012,16 @@ RULES = (
     rule_block_sizes_divide,
     rule_unique_engine_id,
     rule_kv_port_ranges,
-    rule_kv_port_reserved,
+    rule_port_windows,
     rule_shm_vs_pinned,
     rule_host_ram,
+    rule_weights_fit,
     rule_max_model_len,
+    rule_decode_batched_tokens,
+    rule_decode_graph_capture,
+    rule_speculative_agree,
+    rule_recipe_flags,
+    rule_image_tag,
     rule_partial_prefills,
     rule_topology_fit,
     rule_ports_unique,

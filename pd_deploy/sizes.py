@@ -1,12 +1,16 @@
-"""Byte sizes: read human sizes ("200GiB", "25 GiB", "1.5G"), split them over ranks, print them back.
+"""Byte sizes: read sizes ("200GiB", "25 GiB", "1.5gib"), split them over ranks, print them back.
 
-Units are binary, as Ansible's ``human_to_bytes`` and Docker's ``--shm-size`` read them: ``K``, ``M``,
-``G``, ``T``, ``P``, ``E`` are powers of 1024, whether written ``G``, ``g``, ``GB``, ``GiB`` or ``gib``.
-So ``"200GB"`` is 200 x 1024**3 bytes here, not 200 x 1000**3.
+One grammar, everywhere a size is read (inventory, extra vars, filters): an integer byte count, or a
+number followed by a binary (IEC) unit, optionally separated by spaces, unit case-insensitive:
+``B``, ``KiB``, ``MiB``, ``GiB``, ``TiB``, ``PiB``, ``EiB`` (``200GiB``, ``200 gib``, ``1.5TiB``).
 
-The unit table is Ansible's own (``ansible.module_utils.common.text.formatters.SIZE_RANGES``, the table
-``human_to_bytes`` uses) and the grammar is the one ``human_to_bytes`` accepts plus the ``iB`` spellings.
-The arithmetic is exact (``fractions.Fraction``) rather than ``human_to_bytes``' float: that function
+Units without the ``i`` (``K``, ``M``, ``G``, ``T``, ``KB``, ``GB``, ``g``, ...) are **refused**, not
+converted: Docker's ``--shm-size=200g`` and Ansible's ``human_to_bytes("200GB")`` read them as
+200 x 1024**3, the SI reading is 200 x 1000**3, and the two differ by 15 GiB at that size. The error
+gives both byte counts and the spelling to use (``200GiB``, or the decimal byte count).
+
+The unit factors are Ansible's own (``ansible.module_utils.common.text.formatters.SIZE_RANGES``). The
+arithmetic is exact (``fractions.Fraction``) rather than ``human_to_bytes``' float: that function
 silently rounds ``"0.3"`` to 0 and loses whole bytes above 2**53, and offload sizes are passed to vLLM
 as exact byte counts (``cpu_bytes_to_use_per_rank: 26843545600``).
 
@@ -24,8 +28,11 @@ from ansible.module_utils.common.text import formatters
 from pd_deploy.errors import PdError
 
 _SIZE_RE = re.compile(r"^(?P<num>[0-9]+(?:\.[0-9]+)?|\.[0-9]+)\s*(?P<unit>[A-Za-z]*)$")
-_UNIT_RE = re.compile(r"^(?P<letter>[A-Za-z])(?:i?b)?$", re.IGNORECASE)
-_UNIT_HELP = "B, K, M, G, T, P, E (also written KB/KiB, MB/MiB, GB/GiB, ...; all binary, 1K = 1024)"
+_UNIT_RE = re.compile(r"^(?P<letter>[KMGTPE])(?P<i>i?)(?P<b>b?)$", re.IGNORECASE)
+_UNIT_HELP = "B, KiB, MiB, GiB, TiB, PiB, EiB (binary, 1KiB = 1024 bytes; any letter case)"
+#: What the schemas and the README call the grammar (kept in one place).
+GRAMMAR = ("an integer byte count, or a number and a binary unit (B, KiB, MiB, GiB, TiB, PiB, EiB; any letter "
+           "case, spaces allowed): 200GiB, 200 gib, 1.5TiB. Decimal-looking units (200G, 200GB) are refused")
 _HUMAN_UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB")
 
 
@@ -85,7 +92,7 @@ def check_number(value, field, where, low=None, high=None, low_open=False, high_
 
 
 def parse_size(value, field="size", where="pd_to_bytes"):
-    """Read a size as an exact ``Fraction`` of bytes, which may be fractional ("0.1K" = 102.4).
+    """Read a size as an exact ``Fraction`` of bytes, which may be fractional ("0.1KiB" = 102.4).
 
     Same input rules as ``to_bytes`` except that the result need not be a whole number of bytes;
     ``to_bytes`` and the log parser (which reads "12.34 GiB") build on it.
@@ -127,31 +134,51 @@ def _parse_size_text(value, field, where):
             where,
             field,
             f"cannot read {_shown(value)} as a size",
-            f'write a number and an optional unit, e.g. "200GiB", "25 GiB", "1.5G"; units: {_UNIT_HELP}',
+            f'write a number and an optional unit, e.g. "200GiB", "25 GiB", "1.5TiB"; units: {_UNIT_HELP}',
         )
     number = Fraction(match.group("num"))
     unit = match.group("unit")
     if not unit:
         return number
+    if unit.upper() == "B":
+        return number
     unit_match = _UNIT_RE.match(unit)
-    letter = unit_match.group("letter").upper() if unit_match else None
-    if letter is None or letter not in formatters.SIZE_RANGES or (letter == "B" and len(unit) > 1):
+    if unit_match is None or unit_match.group("letter").upper() not in formatters.SIZE_RANGES:
         raise PdError(where, field, f"unknown unit {unit!r} in {_shown(value)}", f"use one of {_UNIT_HELP}")
-    return number * formatters.SIZE_RANGES[letter]
+    letter = unit_match.group("letter").upper()
+    binary = number * formatters.SIZE_RANGES[letter]
+    if not unit_match.group("i"):
+        # 200G / 200GB: Docker and Ansible read 1024**3, SI reads 1000**3 -- say both, guess neither
+        power = "KMGTPE".index(letter) + 1
+        decimal = number * 1000 ** power
+        shown_number = match.group("num")
+        raise PdError(
+            where, field,
+            f"{_shown(value)} is ambiguous: {_whole(binary)} bytes as Docker and Ansible read it (binary), "
+            f"{_whole(decimal)} bytes in SI units",
+            f'write "{shown_number}{letter}iB" for the binary size (what Docker\'s {shown_number}{letter.lower()} '
+            f"and the article's {shown_number} {letter}B mean) or the byte count {_whole(decimal)} for the "
+            "decimal one")
+    return binary
+
+
+def _whole(exact):
+    """A Fraction of bytes as text: the integer when whole, else a short decimal."""
+    return str(exact.numerator) if exact.denominator == 1 else f"{float(exact):.6g}"
 
 
 def to_bytes(value, field="size", where="pd_to_bytes"):
     """Return a size as an int number of bytes.
 
-    Accepts an int >= 0, a float that is a whole number of bytes, or a string: digits
-    (``"1024"``), or a number with a binary unit, optionally separated by spaces:
-    ``"200GiB"``, ``"25 GiB"``, ``"200GB"``, ``"200G"``, ``"200g"``, ``"1.5G"``, ``"512MiB"``.
-    ``GB`` means 1024**3 like in Docker and Ansible's ``human_to_bytes`` (not 1000**3).
-    A fractional number is fine as long as the bytes come out whole (``"1.5G"`` = 1610612736);
-    ``"0.3"`` or ``"0.1K"`` (102.4 bytes) are refused rather than rounded.
+    Accepts an int >= 0, a float that is a whole number of bytes, or a string of the module's
+    grammar: digits (``"1024"``), or a number with a binary unit, optionally separated by spaces, in
+    any letter case: ``"200GiB"``, ``"25 GiB"``, ``"200gib"``, ``"1.5GiB"``, ``"512MiB"``.
+    A fractional number is fine as long as the bytes come out whole (``"1.5GiB"`` = 1610612736);
+    ``"0.3"`` or ``"0.1KiB"`` (102.4 bytes) are refused rather than rounded.
 
-    Raises ``PdError`` for None, bools, negatives (``"-3G"``), text that is not a size (``"abc"``,
-    ``"1.5.2G"``, ``""``), unknown units (``"10X"``) and fractional bytes.
+    Raises ``PdError`` for None, bools, negatives (``"-3GiB"``), text that is not a size (``"abc"``,
+    ``"1.5.2GiB"``, ``""``), unknown units (``"10X"``), ambiguous units (``"200G"``, ``"200GB"``:
+    binary or decimal?) and fractional bytes.
     """
     exact = parse_size(value, field, where)
     if exact.denominator != 1:

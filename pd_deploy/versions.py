@@ -27,6 +27,7 @@ _ROW_KEYS = {
     "max_long_partial_prefills_max": int,
     "partial_prefills_over_max": str,
     "mooncake_connectors": list,
+    "mooncake_version": str,
     "sources": list,
 }
 _CHOICES = {
@@ -51,6 +52,19 @@ def _check_table(table):
                 raise PdError(where, f"versions.yml.{line}.{key}",
                               f"{value!r} is not a {kind.__name__}",
                               "fix the row in pd_deploy/data/versions.yml")
+        tag = row.get("image_tag")
+        if tag is not None and (not isinstance(tag, str) or not tag):
+            raise PdError(where, f"versions.yml.{line}.image_tag", f"{tag!r} is not a tag or null",
+                          "fix the row in pd_deploy/data/versions.yml")
+        if not isinstance(row.get("image_has_jemalloc"), bool):
+            raise PdError(where, f"versions.yml.{line}.image_has_jemalloc",
+                          f"{row.get('image_has_jemalloc')!r} is not true or false",
+                          "fix the row in pd_deploy/data/versions.yml")
+        offload = row.get("offloading_connector")
+        if not isinstance(offload, dict) or not isinstance(offload.get("usable"), bool) or \
+                not isinstance(offload.get("reason"), str) or not offload["reason"].strip():
+            raise PdError(where, f"versions.yml.{line}.offloading_connector", f"{offload!r} is not {{usable, reason}}",
+                          "fix the row in pd_deploy/data/versions.yml")
         for key, choices in _CHOICES.items():
             if row[key] not in choices:
                 raise PdError(where, f"versions.yml.{line}.{key}",
@@ -80,6 +94,11 @@ def _line_of(version):
     if not match:
         return None
     return f"{int(match['major'])}.{int(match['minor'])}"
+
+
+def offloading_lines():
+    """Release lines whose OffloadingConnector works (``offloading_connector.usable``), in file order."""
+    return [line for line, row in _table().items() if row["offloading_connector"]["usable"]]
 
 
 def version_row(version):

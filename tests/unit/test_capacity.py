@@ -131,7 +131,9 @@ def test_article_safety_line_constants():
         (SWEET_SPOT, "ok"),
         (SWEET_SPOT + 1, "upper"),
         (UPPER_BOUND, "upper"),
-        (DANGER_ZONE, "upper"),
+        (DANGER_ZONE - 1, "upper"),
+        # the article: "65536 是危险区" -- 65536 itself is the danger zone, not its edge
+        (DANGER_ZONE, "danger"),
         (DANGER_ZONE + 1, "danger"),
         (131072, "danger"),
     ],
@@ -204,7 +206,8 @@ def test_recommend_batched_tokens_never_below_two_prompts(avg):
     assert result["recommended"] >= 2 * avg
     assert result["low"] <= result["recommended"] <= result["high"]
     if avg <= 32768:
-        assert result["level"] in ("ok", "upper")
+        # 2 x avg reaches the danger zone only at the table's last row (avg > 32768 - 4096)
+        assert result["level"] in (("ok", "upper") if 2 * avg < DANGER_ZONE - 8192 else ("ok", "upper", "danger"))
     else:
         assert result["level"] == "error"
 
@@ -224,21 +227,26 @@ def test_recommend_batched_tokens_twice_same_answer():
 
 
 def test_p_concurrency_article_16k_prompt_at_8192_only_one_runs():
-    # Article §4.2: max-num-seqs 32, DP2, a 16K prompt cannot fit 8192 -> only 1 running.
+    # Article §4.2: max-num-seqs 32, DP2, a 16K prompt cannot fit 8192 -> only 1 running per group.
     seqs, dp, batched, avg = 32, 2, 8192, 16 * 1024
     result = expected_p_concurrency(seqs, dp, batched, avg)
     assert result["fit"] == batched // avg == 0
-    assert result["concurrency"] == 1
+    assert result["concurrency_per_dp_group"] == 1
+    assert result["concurrency"] == dp
     assert result["chunked"] is True
     assert result["level"] == "warning"
     assert result["limited_by"] == "max_num_batched_tokens"
     assert "only 1" in result["message"] and str(2 * avg) in result["message"]
 
 
-def test_p_concurrency_article_16k_prompt_at_32768_two_run():
+def test_p_concurrency_article_16k_prompt_at_32768_two_run_per_dp_group():
+    # Article §4.2 table: 16K prompts at 32768 -> "~2 per step"; §3.4: both limits are per DP group,
+    # so a DP2 instance runs 2 per group and 4 in all (the old figure, 2, was one group's labelled
+    # as the instance's).
     seqs, dp, batched, avg = 32, 2, 32768, 16 * 1024
     result = expected_p_concurrency(seqs, dp, batched, avg)
-    assert result["concurrency"] == min(seqs * dp, batched // avg) == 2
+    assert result["concurrency_per_dp_group"] == min(seqs, batched // avg) == 2
+    assert result["concurrency"] == 2 * dp == 4
     assert result["fit"] == 2
     assert result["seq_cap"] == seqs * dp == 64
     assert result["chunked"] is False
@@ -247,7 +255,7 @@ def test_p_concurrency_article_16k_prompt_at_32768_two_run():
 
 def test_p_concurrency_one_fit_is_warning_not_chunked():
     result = expected_p_concurrency(32, 2, 16384, 16384)
-    assert (result["concurrency"], result["fit"], result["chunked"], result["level"]) == (1, 1, False, "warning")
+    assert (result["concurrency"], result["fit"], result["chunked"], result["level"]) == (2, 1, False, "warning")
 
 
 def test_p_concurrency_limited_by_seqs():
@@ -374,6 +382,11 @@ def test_filters_map_pd_names_to_module_functions():
         "pd_recommend_max_num_seqs",
         "pd_retention_interval",
         "pd_d_batched_tokens",
+        "pd_weights_per_npu",
+        "pd_runtime_reserve",
+        "pd_kv_budget_per_npu",
+        "pd_role_kv_budget",
+        "pd_ram_guidance",
     }
     assert set(capacity.FILTERS) == expected
     for name, function in capacity.FILTERS.items():
@@ -391,3 +404,112 @@ def test_filters_through_jinja():
     assert env.from_string("{{ 16384 | pd_recommend_batched_tokens }}").render()["recommended"] == 32768
     with pytest.raises(PdError):
         env.from_string("{{ 0 | pd_retention_interval }}").render()
+
+
+# --- weights per NPU, KV budget from the weights (issue 10 finding 5) -----------------------------
+# Expected values are worked by hand from the published shapes (pd_deploy/data/models.yml's sources):
+# 44 MoE layers (43 + MTP) x 256 experts x 3 x 4096 x 2048 routed-expert params, ~291.05e9 in all.
+
+EXPERT_PARAMS = 44 * 256 * 3 * 4096 * 2048
+DENSE_PARAMS = 291_050_000_000 - EXPERT_PARAMS
+FAMILY = capacity.family_data("deepseek_v4_flash")
+
+
+def test_weights_data_matches_the_published_totals():
+    weights = FAMILY["weights"]
+    assert weights["expert_params"] == EXPERT_PARAMS
+    assert weights["dense_params"] == DENSE_PARAMS
+    # 43 main layers' experts + the dense part = the model card's 284.44B (MTP not counted there)
+    assert abs(43 * 256 * 3 * 4096 * 2048 + DENSE_PARAMS - 284.44e9 - 0.17e9) < 0.05e9
+    assert "source" in weights and "source" in FAMILY["runtime_reserve"]
+
+
+def test_weights_per_npu_w8a8_dp2_tp4_expert_parallel():
+    w = capacity.weights_per_npu(FAMILY["weights"], "w8a8", tp=4, dp=2, expert_parallel=True)
+    assert w["ep_size"] == 8 and w["experts_per_npu"] == 32
+    assert w["expert_bytes"] == EXPERT_PARAMS // 8          # 1 byte per param, 1/8 of the experts
+    assert w["dense_bytes"] == -(-DENSE_PARAMS * 2 // 4)    # bf16 over TP4
+    assert 36 * GiB < w["total_bytes"] < 37 * GiB
+
+
+def test_weights_per_npu_without_expert_parallel_shard_experts_over_tp_only():
+    w = capacity.weights_per_npu(FAMILY["weights"], "w8a8", tp=4, dp=2, expert_parallel=False)
+    assert w["ep_size"] == 1 and w["experts_per_npu"] is None
+    assert w["expert_bytes"] == EXPERT_PARAMS // 4
+
+
+def test_weights_per_npu_uneven_expert_split_rounds_up():
+    # EP12: 256 / 12 = 21.33 -> the fullest rank holds 22 experts
+    w = capacity.weights_per_npu(FAMILY["weights"], "bf16", tp=4, dp=3, expert_parallel=True)
+    assert w["experts_per_npu"] == 22
+    assert w["expert_bytes"] == -(-EXPERT_PARAMS * 2 * 22 // 256)
+
+
+@pytest.mark.parametrize("quant, bits", [("bf16", 16), ("w8a8", 8), ("w4a8", 4)])
+def test_weights_per_npu_scales_with_the_quantization(quant, bits):
+    w = capacity.weights_per_npu(FAMILY["weights"], quant, tp=8, dp=1)
+    assert w["expert_bytes"] == -(-EXPERT_PARAMS * bits // 64)
+
+
+def test_weights_per_npu_refuses_an_unknown_quantization():
+    with pytest.raises(PdError) as info:
+        capacity.weights_per_npu(FAMILY["weights"], "fp8", tp=4)
+    assert info.value.field == "quantization" and "w8a8" in info.value.problem
+
+
+def test_kv_budget_article_cluster_is_far_below_the_0_6_share():
+    """The article's P (910B3 64 GB, DP2 x TP4, 0.85, 32768 batched tokens) with w8a8 weights."""
+    b = capacity.role_kv_budget(FAMILY, "w8a8", "64GiB", 0.85, tp=4, dp=2, max_num_batched_tokens=32768)
+    weights = EXPERT_PARAMS // 8 + -(-DENSE_PARAMS * 2 // 4)
+    reserve = 3 * GiB + 32768 * 128 * 1024
+    per_npu = int(Fraction(64 * GiB) * Fraction(85, 100)) - weights - reserve
+    assert b["fits"] is True and b["estimate"] is True
+    assert b["kv_per_npu_bytes"] == per_npu
+    assert b["kv_per_dp_group_bytes"] == per_npu * 4
+    assert b["kv_per_instance_bytes"] == per_npu * 8
+    article_share = kv_budget("64GiB", 8, 0.85, 0.6, dp=2)["host_bytes"]
+    assert b["kv_per_instance_bytes"] < article_share / 2
+
+
+def test_kv_budget_decode_keeps_more_than_prefill():
+    """A small batched-token budget (D's 144) leaves the activation reserve nearly empty."""
+    p = capacity.role_kv_budget(FAMILY, "w8a8", "64GiB", 0.85, 4, 2, 32768)
+    d = capacity.role_kv_budget(FAMILY, "w8a8", "64GiB", 0.85, 4, 2, 144)
+    assert d["kv_per_npu_bytes"] - p["kv_per_npu_bytes"] == (32768 - 144) * 128 * 1024
+
+
+@pytest.mark.parametrize("quant, hbm, tp, dp", [
+    ("bf16", "64GiB", 1, 1),    # 582 GB of weights on one NPU
+    ("bf16", "64GiB", 4, 2),    # experts alone 70.9 GB per NPU over EP8
+    ("w8a8", "32GiB", 4, 2),    # a 910B4 (32 GB): 36.5 GiB of weights > 27.2 GiB usable
+    ("w8a8", "64GiB", 4, 1),    # EP4: 70.9 GB of experts per NPU
+])
+def test_weights_that_do_not_fit_leave_no_kv(quant, hbm, tp, dp):
+    b = capacity.role_kv_budget(FAMILY, quant, hbm, 0.85, tp, dp, 8192)
+    assert b["fits"] is False
+    assert b["kv_per_npu_bytes"] == 0 and b["shortfall_bytes"] > 0
+
+
+def test_upstream_single_node_recipe_fits():
+    """vllm-ascend's tutorial: w8a8-mtp fits one A2 (64GB x 8) at TP8, EP, 0.9, 8192 batched tokens."""
+    b = capacity.role_kv_budget(FAMILY, "w8a8", "64GiB", 0.9, tp=8, dp=1, max_num_batched_tokens=8192)
+    assert b["fits"] is True
+
+
+def test_a3_host_sixteen_npus_spread_experts_further():
+    """A3: 16 NPUs of 64 GB; an instance of DP4 x TP4 has EP16 = 16 experts per NPU."""
+    b = capacity.role_kv_budget(FAMILY, "w8a8", "64GiB", 0.85, tp=4, dp=4, max_num_batched_tokens=144)
+    assert b["weights"]["experts_per_npu"] == 16
+    assert b["weights"]["expert_bytes"] == EXPERT_PARAMS // 16
+    assert b["kv_per_instance_bytes"] == b["kv_per_npu_bytes"] * 16
+
+
+def test_role_kv_budget_twice_same_answer():
+    assert capacity.role_kv_budget(FAMILY, "w8a8", "64GiB", 0.85, 4, 2, 32768) == \
+        capacity.role_kv_budget(FAMILY, "w8a8", "64GiB", 0.85, 4, 2, 32768)
+
+
+def test_ram_guidance_reproduces_the_article_and_generalises_additively():
+    assert capacity.ram_guidance("200GiB") == 512 * GiB       # article: 200 GB offload -> >= 512 GB
+    assert capacity.ram_guidance("100GiB") == 412 * GiB       # offload + 312 GiB of system + vLLM base
+    assert capacity.ram_guidance(0) == 0

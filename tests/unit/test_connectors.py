@@ -8,7 +8,7 @@ import pytest
 
 from pd_deploy import connectors, versions
 from pd_deploy.errors import PdError
-from tests.fixtures.article import ARTICLE_D
+from tests.fixtures.article import ARTICLE_D, ARTICLE_D_RENDERED
 
 GIB = 1024 ** 3
 
@@ -49,9 +49,20 @@ def article_d():
 
 def test_article_d_json_reproduced():
     result = article_d()
-    assert result == ARTICLE_D
+    # the article's connector plus cpu_bytes_to_use = per rank x TP next to the per-rank value
+    assert result == ARTICLE_D_RENDERED
     # same content and the article's key order once serialised compactly
-    assert json.dumps(result, separators=(",", ":")) == json.dumps(ARTICLE_D, separators=(",", ":"))
+    assert json.dumps(result, separators=(",", ":")) == json.dumps(ARTICLE_D_RENDERED, separators=(",", ":"))
+
+
+def test_recompute_child_renders_the_server_wide_bytes_so_decode_does_not_warn():
+    """Issue 10 #3: with only cpu_bytes_to_use_per_rank the connector compares it with its 8 GiB
+    default / world size and logs a mismatch warning at every start."""
+    child = connectors.recompute_child(26843545600, tp=4)
+    extra = child["kv_connector_extra_config"]
+    assert list(extra) == ["cpu_bytes_to_use", "cpu_bytes_to_use_per_rank"]
+    # the connector's per-rank quotient (cpu_bytes_to_use // world_size) equals the per-rank value
+    assert extra["cpu_bytes_to_use"] // 4 == extra["cpu_bytes_to_use_per_rank"] == 25 * 1024 ** 3
 
 
 @pytest.mark.parametrize("version, module", [
@@ -291,5 +302,5 @@ def test_filters_through_jinja():
     ).render(rcfg=c["roles"]["decode"], cluster=c, inst=instance("decode", "1", 30100), ver="0.25.1",
              per_rank=26843545600)
     kv, add = text.split("|")
-    assert json.loads(kv) == ARTICLE_D
+    assert json.loads(kv) == ARTICLE_D_RENDERED
     assert json.loads(add) == {"scheduler_config": {"recompute_scheduler_enable": True}}

@@ -17,7 +17,7 @@ from pd_deploy.errors import PdError
 def cluster_a():
     """The article's cluster (inventories/example/group_vars/cluster_a.yml, in short)."""
     return {
-        "name": "cluster_a", "vllm_ascend_version": "0.25.1", "image": "quay.io/ascend/vllm-ascend:v0.25.1",
+        "name": "cluster_a", "vllm_ascend_version": "main", "image": "quay.io/ascend/vllm-ascend:nightly-main",
         "model": {"path": "/data/models/DeepSeek-V4-Flash"},
         "prefill": {"offload_connector": "OffloadingConnector", "cpu_offload": "200GiB"},
         "decode": {"offload_connector": "RecomputeCPUOffloadConnector", "cpu_offload": "200GiB",
@@ -28,7 +28,7 @@ def cluster_a():
 def cluster_b():
     """DP4 x TP4 decode over two hosts, MooncakeHybridConnector, block 128."""
     return {
-        "name": "cluster_b", "vllm_ascend_version": "0.25.1", "image": "quay.io/ascend/vllm-ascend:v0.25.1",
+        "name": "cluster_b", "vllm_ascend_version": "0.25.1rc1", "image": "quay.io/ascend/vllm-ascend:v0.25.1rc1",
         "model": {"path": "/data/models/DeepSeek-V4-Flash"},
         "mooncake_connector": "MooncakeHybridConnector",
         "prefill": {"engine": {"block_size": 128, "prefix_cache_retention_interval": 16384}},
@@ -39,7 +39,8 @@ def cluster_b():
 def member(name, cluster, role, raw, address, **hv):
     groups = ["pd_clusters", cluster] + ([role] if isinstance(role, str) else list(role))
     return {"name": name, "groups": groups,
-            "vars": dict({"pd_cluster": raw, "pd_host_address": address, "pd_host_ram": "1TiB"}, **hv)}
+            "vars": dict({"pd_cluster": raw, "pd_host_address": address, "pd_host_ram": "1TiB",
+                          "pd_hccl_if": "enp189s0f0"}, **hv)}
 
 
 def example_fleet(a=None, b=None, limit=None):
@@ -164,7 +165,7 @@ def test_missing_required_key_is_reported():
     a = cluster_a()
     del a["image"]
     plan = fleet.plan_fleet(example_fleet(a=a))
-    assert any("'image' is a required property" in v["message"] and v["where"] == "cluster_a"
+    assert any(v["field"] == "image" and "missing" in v["message"] and v["where"] == "cluster_a"
                for v in errors(plan))
 
 
@@ -221,16 +222,20 @@ def test_empty_fleet_is_an_error():
 
 # ---- ports across clusters ----------------------------------------------------------------------
 
-def shared_address_fleet(b_prefill):
-    """cluster_a and a second cluster whose prefill host shares a-p0's address (one machine)."""
+def shared_address_fleet(b_prefill, hccl_if_base_port=60032):
+    """cluster_a and a second cluster whose prefill host shares a-p0's address (one 16-NPU machine:
+    cluster_c's prefill takes NPUs 8-15).
+
+    cluster_c's HCCL window starts after cluster_a's 60000..60031 unless a test says otherwise.
+    """
     a = cluster_a()
     c = {"name": "cluster_c", "vllm_ascend_version": "0.25.1", "image": "img:1",
          "model": {"path": "/data/models/DeepSeek-V4-Flash"}, "proxy": {"port": 9000},
-         "prefill": b_prefill, "decode": {}}
+         "prefill": b_prefill, "decode": {}, "hccl_if_base_port": hccl_if_base_port}
     return {"hosts": [
         member("a-p0", "cluster_a", "prefill", a, "10.0.0.11"),
         member("a-d0", "cluster_a", "decode", a, "10.0.0.12"),
-        member("c-p0", "cluster_c", "prefill", c, "10.0.0.11"),
+        member("c-p0", "cluster_c", "prefill", c, "10.0.0.11", pd_npu_first=8),
         member("c-d0", "cluster_c", "decode", c, "10.0.0.13"),
     ], "limit": None}
 
@@ -270,6 +275,29 @@ def test_distinct_ports_on_a_shared_address_are_fine():
     plan = fleet.plan_fleet(shared_address_fleet({"port_base": 8500, "dp_rpc_port": 14000, "kv_port": 31000}))
     assert collisions(plan) == []
     assert plan["ok"] is True, plan["messages"]
+
+
+def test_hccl_windows_of_two_clusters_on_one_address_collide():
+    # both clusters' prefill instances on 10.0.0.11 with HCCL's default 60000..60031
+    plan = fleet.plan_fleet(shared_address_fleet({"port_base": 8500, "dp_rpc_port": 14000, "kv_port": 31000},
+                                                 hccl_if_base_port=60000))
+    found = find(plan, "hccl_if_base_port")
+    assert len(found) == 1, plan["messages"]
+    assert found[0]["where"] == "cluster_c/prefill/instance 0@c-p0"
+    assert "60000..60031" in found[0]["message"] and "cluster cluster_a" in found[0]["message"]
+    assert "set hccl_if_base_port to 60032" in found[0]["fix"]
+    assert plan["ok"] is False
+
+
+def test_rendered_port_in_another_clusters_mooncake_window():
+    # cluster_c's HTTP port 20100 falls in the transport window of NPUs 0..3 (rank 0 of either
+    # cluster): 20000 + 0 x 100 .. 20000 + 4 x 100 = 20000..20400 on 10.0.0.11
+    plan = fleet.plan_fleet(shared_address_fleet({"port_base": 20100, "dp_rpc_port": 14000, "kv_port": 31000}))
+    found = find(plan, "prefill.port_base")
+    assert any("port(s) 20100 " in v["message"] and "20000..20400" in v["message"] for v in found), \
+        plan["messages"]
+    assert all(v["where"].startswith("cluster_c/prefill") for v in found)
+    assert plan["ok"] is False
 
 
 def test_same_ports_on_different_addresses_are_fine():
@@ -411,3 +439,70 @@ def test_rollout_summary_says_which_clusters_were_rolled_and_which_left_alone():
     # without targets (render-only) the clusters are just listed; hosts outside the play are left out
     assert report.rollout_summary(plan, ["a-p0"])[0] == "cluster_a:"
     assert not any(line.startswith("cluster_b") for line in report.rollout_summary(plan, ["a-p0"]))
+
+
+# ---- capacity of A2 and A3 hosts (issue 10 finding 5) -------------------------------------------
+
+GIB = 1024 ** 3
+
+
+def test_a3_hosts_of_16_npus_plan_and_estimate_per_host_of_16():
+    """Atlas 800T A3: 16 NPUs of 64 GB (vllm-ascend DeepSeek-V4-Flash tutorial: 128GB x 8 cards of two
+    dies). P and D of DP4 x TP4 fill one host each; experts spread over EP16 = 16 per NPU."""
+    raw = cluster_a()
+    raw["image"] = "quay.io/ascend/vllm-ascend:nightly-main-a3"   # A3 hosts run the -a3 image
+    raw["prefill"].update(dp=4, tp=4, kv_port=40000)
+    raw["decode"].update(dp=4, tp=4, kv_port=40100)
+    a3 = {"pd_npus": 16, "pd_npu_chip": "Ascend910", "pd_hbm_per_npu": "64GiB"}
+    plan = fleet.plan_fleet({"hosts": [member("p0", "cluster_a", "prefill", raw, "10.0.0.1", **a3),
+                                       member("d0", "cluster_a", "decode", raw, "10.0.0.2", **a3)],
+                             "limit": None})
+    assert errors(plan) == [], plan["messages"]
+    cap = plan["clusters"]["cluster_a"]["capacity"]
+    for role in ("prefill", "decode"):
+        entry = cap[role]
+        assert entry["expert_parallel_size"] == 16
+        assert entry["kv_budget_per_host_bytes"] == entry["kv_budget_per_npu_bytes"] * 16
+        assert entry["kv_budget_per_instance_bytes"] == entry["kv_budget_per_npu_bytes"] * 16
+        assert entry["kv_budget_per_dp_group_bytes"] == entry["kv_budget_per_npu_bytes"] * 4
+    assert plan["hosts"]["p0"]["npu_chip"] == "Ascend910" and plan["hosts"]["p0"]["npus"] == 16
+    assert len(plan["hosts"]["p0"]["specs"]) == 4
+
+
+def test_an_instance_spanning_two_hosts_counts_each_hosts_share():
+    """cluster_b's decode DP4 x TP4 over two 8-NPU hosts: per host = 8 NPUs, per instance = 16."""
+    plan = fleet.plan_fleet(example_fleet())
+    d = plan["clusters"]["cluster_b"]["capacity"]["decode"]
+    assert d["kv_budget_by_host_bytes"] == {"b-d0": d["kv_budget_per_npu_bytes"] * 8,
+                                           "b-d1": d["kv_budget_per_npu_bytes"] * 8}
+    assert d["kv_budget_per_instance_bytes"] == d["kv_budget_per_npu_bytes"] * 16
+
+
+def test_weights_that_do_not_fit_a_910b4_fail_the_plan():
+    hosts = example_fleet()["hosts"][:2]
+    for host in hosts:
+        host["vars"].update(pd_hbm_per_npu="32GiB", pd_npu_chip="910B4")
+    plan = fleet.plan_fleet({"hosts": hosts, "limit": None})
+    found = [v for v in errors(plan) if v["field"] == "model.quantization"]
+    assert [v["where"] for v in found] == ["cluster_a/prefill@a-p0", "cluster_a/decode@a-d0"]
+    assert plan["ok"] is False
+
+
+@pytest.mark.parametrize("sources, slug", [
+    (["/etc/pd/prod"], "prod"),
+    (["/etc/pd/prod/"], "prod"),
+    (["/etc/pd/prod/hosts.yml"], "prod"),
+    (["/srv/inventories/example/hosts.yaml"], "example"),
+    (["/srv/inv/staging.yml"], "staging"),
+    (["/srv/inv/INVENTORY.ini"], "inv"),
+    (["a-p0,a-d0,"], "adhoc"),
+    (["/srv/my fleet:1"], "my_fleet_1"),
+    (["/a/east", "/b/west/hosts.yml"], "east+west"),
+    ("/a/east", "east"),
+    ([], "default"),
+    (["/srv/.."], "inventory"),
+    (["/srv/collection"], "collection-inventory"),
+])
+def test_inventory_slug_names_one_safe_directory_per_inventory(sources, slug):
+    from pd_deploy.report import inventory_slug
+    assert inventory_slug(sources) == slug

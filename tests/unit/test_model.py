@@ -46,7 +46,8 @@ def article_raw(**top):
 
 
 def host(name, role, address, **hv):
-    return model.host_record(name, role, dict({"pd_host_address": address}, **hv))
+    return model.host_record(name, role, dict({"pd_host_address": address, "pd_host_ram": "1TiB",
+                                               "pd_hccl_if": "enp189s0f0"}, **hv))
 
 
 def two_hosts():
@@ -103,7 +104,9 @@ def test_normalize_deep_merges_role_defaults_under_the_operator_values():
     assert pre["engine"]["max_num_batched_tokens"] == DEFAULTS["prefill"]["engine"]["max_num_batched_tokens"]
     assert pre["engine"]["enable_prefix_caching"] is DEFAULTS["prefill"]["engine"]["enable_prefix_caching"]
     assert dec["engine"]["max_num_seqs"] == DEFAULTS["decode"]["engine"]["max_num_seqs"]
-    assert dec["engine"]["max_num_batched_tokens"] == DEFAULTS["decode"]["engine"]["max_num_batched_tokens"]
+    # decode batched tokens left null: max_num_seqs x (1 + MTP tokens) = 48 x (1 + 1), upstream's D sizing
+    assert DEFAULTS["decode"]["engine"]["max_num_batched_tokens"] is None
+    assert dec["engine"]["max_num_batched_tokens"] == 48 * 2
     assert pre["port_base"] == DEFAULTS["prefill"]["port_base"]
     assert dec["kv_port"] == DEFAULTS["decode"]["kv_port"]
     assert dec["tp"] == DEFAULTS["role_common"]["tp"]
@@ -118,7 +121,9 @@ def test_normalize_deep_merges_cluster_defaults():
     assert cluster["workload"]["avg_prompt_tokens"] == 4096
     assert cluster["workload"]["p99_prompt_tokens"] == DEFAULTS["cluster"]["workload"]["p99_prompt_tokens"]
     assert cluster["model"] == {"path": MODEL_PATH, **DEFAULTS["cluster"]["model"]}
-    assert cluster["mooncake_connector"] == DEFAULTS["cluster"]["mooncake_connector"]
+    # null in defaults.yml: the model family's connector, upstream's for DeepSeek-V4-Flash
+    assert DEFAULTS["cluster"]["mooncake_connector"] is None
+    assert cluster["mooncake_connector"] == "MooncakeHybridConnector"
 
 
 def test_normalize_does_not_modify_the_inventory_dict():
@@ -130,9 +135,9 @@ def test_normalize_does_not_modify_the_inventory_dict():
 
 @pytest.mark.parametrize("written, expected", [
     ("200GiB", 200 * GIB),
-    ("200GB", 200 * GIB),          # binary, like docker --shm-size and Ansible
+    ("200 gib", 200 * GIB),        # one grammar, any letter case
     ("25 GiB", 25 * GIB),
-    ("1.5T", 3 * 512 * GIB),
+    ("1.5TiB", 3 * 512 * GIB),
     (1073741824, GIB),
     (0, 0),
 ])
@@ -143,7 +148,7 @@ def test_normalize_turns_offload_sizes_into_bytes(written, expected):
 
 
 def test_normalize_turns_shm_sizes_into_bytes_and_keeps_auto():
-    cluster = model.normalize("cluster_a", raw_cluster(prefill={"shm_size": "256g"}))
+    cluster = model.normalize("cluster_a", raw_cluster(prefill={"shm_size": "256GiB"}))
     assert cluster["roles"]["prefill"]["shm_size_bytes"] == 256 * GIB
     assert cluster["roles"]["decode"]["shm_size_bytes"] is None
 
@@ -184,14 +189,26 @@ def test_normalize_refuses_zero_instances():
 
 
 def test_host_record_defaults_and_overrides():
-    rec = model.host_record("h1", "decode", {"ansible_host": "10.1.1.1", "pd_host_ram": "512GiB"})
+    rec = model.host_record("h1", "decode", {"ansible_host": "10.1.1.1", "pd_host_ram": "512GiB",
+                                             "pd_hccl_if": "eth1"})
     assert rec["address"] == "10.1.1.1"            # ansible_host when pd_host_address is unset
     assert rec["ram_bytes"] == 512 * GIB
     assert rec["npus"] == DEFAULTS["host"]["npus"]
     assert rec["hbm_per_npu_bytes"] == 64 * GIB
-    assert model.host_record("h2", "decode", {})["address"] == "h2"
-    assert model.host_record("h3", "decode", {"ansible_host": "x", "pd_host_address": "10.9.9.9"})["address"] \
-        == "10.9.9.9"
+    assert model.host_record("h3", "decode", {"ansible_host": "x", "pd_host_address": "10.9.9.9",
+                                              "pd_host_ram": "1TiB", "pd_hccl_if": "eth1"})["address"] == "10.9.9.9"
+
+
+@pytest.mark.parametrize("hv, field", [
+    ({"pd_host_ram": "1TiB", "pd_hccl_if": "eth1"}, "pd_host_address"),          # was: the host name
+    ({"ansible_host": "node-7", "pd_host_ram": "1TiB", "pd_hccl_if": "eth1"}, "ansible_host"),  # not an IP
+    ({"pd_host_address": "10.0.0.1", "pd_hccl_if": "eth1"}, "pd_host_ram"),       # was: 1 TiB
+    ({"pd_host_address": "10.0.0.1", "pd_host_ram": "1TiB"}, "pd_hccl_if"),       # was: eth0
+])
+def test_host_record_has_no_silent_default_for_required_facts(hv, field):
+    with pytest.raises(PdError) as info:
+        model.host_record("h2", "decode", hv)
+    assert info.value.where == "h2" and info.value.field == field
 
 
 # ---- topology -----------------------------------------------------------------------------------
@@ -433,32 +450,88 @@ def test_argv_starts_vllm_serve_with_the_model_and_rank_flags():
     assert arg(cmd, "--data-parallel-address") == "10.0.0.11"
     assert arg(cmd, "--served-model-name") == "deepseek-v4-flash"
     assert all(isinstance(a, str) for a in cmd)
+    # the second rank's host NPUs 4..7; the container mounts all 8 under their own names
     assert spec["env"]["ASCEND_RT_VISIBLE_DEVICES"] == "4,5,6,7"
     davinci = [d for d in spec["devices"] if "/dev/davinci" in d and "manager" not in d]
-    assert davinci == [f"/dev/davinci{n}:/dev/davinci{n}" for n in (4, 5, 6, 7)]
+    assert davinci == [f"/dev/davinci{n}:/dev/davinci{n}" for n in range(8)]
     assert f"{MODEL_PATH}:{MODEL_PATH}:ro" in spec["volumes"]
     assert spec["health_url"] == "http://127.0.0.1:8101/health"
     assert spec["network_mode"] == "host" and spec["privileged"] is False
 
 
+# ---- device numbering (issue 10 #1) -------------------------------------------------------------
+
+def container_view(spec):
+    """(host NPU numbers the container mounts, in the order the runtime numbers them from 0,
+    and the NPU ids ASCEND_RT_VISIBLE_DEVICES names). Inside a container the NPUs it was given are
+    numbered 0..n-1 (vllm-ascend PR 12959's note; the 'input data rang[0-2)' report of issue 10)."""
+    mounted = sorted(int(d.split(":")[1].rsplit("davinci", 1)[1]) for d in spec["devices"]
+                     if d.split(":")[1].startswith("/dev/davinci") and d.split(":")[1][12:].isdigit())
+    visible = [int(x) for x in spec["env"]["ASCEND_RT_VISIBLE_DEVICES"].split(",")]
+    return mounted, visible
+
+
+@pytest.mark.parametrize("hosts, raw", [
+    (None, article_raw()),
+    ([host("p0", "prefill", "10.0.0.1"), host("d0", "decode", "10.0.0.2"), host("d1", "decode", "10.0.0.3")],
+     raw_cluster(decode={"dp": 4, "tp": 4})),
+    ([host("p0", "prefill", "10.0.0.1", pd_npus=16), host("d0", "decode", "10.0.0.2", pd_npus=16)],
+     raw_cluster(prefill={"dp": 4, "tp": 4}, decode={"dp": 16, "tp": 1})),
+    ([host("p0", "prefill", "10.0.0.1"), host("d0", "decode", "10.0.0.2", pd_npu_first=8)],
+     raw_cluster()),
+    ([host("p0", "prefill", "10.0.0.1"), host("d0", "decode", "10.0.0.2")],
+     raw_cluster(prefill={"instances": 2, "dp": 1}, decode={"dp": 8, "tp": 1})),
+])
+def test_every_visible_device_exists_in_its_container_and_is_the_ranks_npu(hosts, raw):
+    # Fails on the layout of one container per rank with only its own davinciN mounted: the second
+    # rank's "4,5,6,7" names devices a 4-device container does not have.
+    _, topo, problems, specs = plan(raw, hosts)
+    assert [p for p in problems if p["level"] == "error"] == []
+    ranks = {r["container"]: r for i in topo["instances"] for r in i["ranks"]}
+    for name, spec in specs.items():
+        mounted, visible = container_view(spec)
+        assert visible and all(0 <= v < len(mounted) for v in visible), (name, mounted, visible)
+        # container id v is the v-th mounted node: the rank's own host NPUs, in order
+        assert [mounted[v] for v in visible] == ranks[name]["devices"], name
+
+
+def test_ranks_on_one_host_mount_the_same_devices_and_name_disjoint_slices():
+    _, _, _, specs = plan(article_raw())
+    pre = [specs[f"pd-cluster_a-prefill0-dp{r}"] for r in (0, 1)]
+    assert pre[0]["devices"] == pre[1]["devices"]
+    assert [container_view(s)[1] for s in pre] == [[0, 1, 2, 3], [4, 5, 6, 7]]
+
+
+def test_argv_of_a_single_dp_rank_has_no_external_dp_flags():
+    # vLLM 0.27.1 refuses --data-parallel-rank when the DP size is 1 ("data_parallel_external_lb can
+    # only be set when data_parallel_size > 1", vllm/config/parallel.py); seen on the real CPU engine
+    _, _, _, specs = plan(raw_cluster(prefill={"dp": 1, "tp": 4}, decode={"dp": 1, "tp": 8}))
+    for name in ("pd-cluster_a-prefill0-dp0", "pd-cluster_a-decode0-dp0"):
+        cmd = specs[name]["command"]
+        assert not [a for a in cmd if a.startswith("--data-parallel")], cmd
+        assert arg(cmd, "--tensor-parallel-size") in ("4", "8")
+
+
 def test_additional_config_only_on_decode_with_recompute_scheduler():
     _, _, _, specs = plan(article_raw())
     for name, spec in specs.items():
+        add = json.loads(arg(spec["command"], "--additional-config"))   # V4 recipe options on both
+        assert "recompute_scheduler_enable" not in add, name
         if spec["role"] == "decode":
-            assert json.loads(arg(spec["command"], "--additional-config")) == {
-                "scheduler_config": {"recompute_scheduler_enable": True}}
+            assert add["scheduler_config"] == {"recompute_scheduler_enable": True}
         else:
-            assert "--additional-config" not in spec["command"], name
+            assert "scheduler_config" not in add, name
 
 
 def test_additional_config_uses_the_top_level_key_on_v0_23():
     _, _, _, specs = plan(article_raw(version="0.23.0"))
-    assert json.loads(arg(specs["pd-cluster_a-decode0-dp0"]["command"], "--additional-config")) == {
-        "recompute_scheduler_enable": True}
+    add = json.loads(arg(specs["pd-cluster_a-decode0-dp0"]["command"], "--additional-config"))
+    assert add["recompute_scheduler_enable"] is True and "scheduler_config" not in add
 
 
 def test_no_additional_config_without_recompute_scheduler():
-    _, _, _, specs = plan(raw_cluster())
+    # a generic model has no recipe options, so nothing is left for --additional-config
+    _, _, _, specs = plan(raw_cluster(model={"path": MODEL_PATH, "family": "generic"}))
     assert all("--additional-config" not in s["command"] for s in specs.values())
 
 
@@ -609,3 +682,84 @@ def test_proxy_host_can_be_chosen_and_must_be_in_the_cluster():
         model.proxy_spec(cluster, topo)
     assert info.value.field == "proxy.host"
     assert "a-p0" in info.value.fix and "a-d0" in info.value.fix
+
+
+# ---- issue 10 #3: the model family's recipe -------------------------------------------------------
+
+V4_ONLY_FLAGS = ("--tokenizer-mode", "--tool-call-parser", "--enable-auto-tool-choice", "--reasoning-parser",
+                 "--enable-expert-parallel", "--quantization", "--speculative-config", "--compilation-config")
+
+
+def test_v4_recipe_flags_per_role():
+    """DeepSeek-V4-Flash tutorial (A2 PD): P eager with MTP 1 (eager), D FULL_DECODE_ONLY with MTP."""
+    _, _, _, specs = plan(article_raw(version="main"))
+    pre, dec = specs["pd-cluster_a-prefill0-dp0"]["command"], specs["pd-cluster_a-decode0-dp0"]["command"]
+    for cmd in (pre, dec):
+        assert arg(cmd, "--tokenizer-mode") == "deepseek_v4"
+        assert arg(cmd, "--tool-call-parser") == "deepseek_v4" == arg(cmd, "--reasoning-parser")
+        assert "--enable-auto-tool-choice" in cmd and "--enable-expert-parallel" in cmd
+        assert arg(cmd, "--quantization") == "ascend"
+        assert json.loads(arg(cmd, "--speculative-config")) == {
+            "num_speculative_tokens": 1, "method": "mtp", "enforce_eager": True}
+    assert "--enforce-eager" in pre and "--compilation-config" not in pre
+    assert "--enforce-eager" not in dec
+    assert json.loads(arg(dec, "--compilation-config")) == {"cudagraph_mode": "FULL_DECODE_ONLY"}
+    # D batched tokens derived: 48 seqs x (1 + 1)
+    assert arg(dec, "--max-num-batched-tokens") == "96"
+
+
+def test_generic_family_renders_a_plain_model():
+    raw = raw_cluster(version="main", model={"path": MODEL_PATH, "family": "generic"},
+                      prefill={"engine": {"enforce_eager": True}}, decode={"engine": {"enforce_eager": True}})
+    cluster, _, _, specs = plan(raw)
+    assert cluster["mooncake_connector"] == "MooncakeConnectorV1"
+    for name, spec in specs.items():
+        if spec["kind"] != "engine":
+            continue
+        assert not [f for f in V4_ONLY_FLAGS if f in spec["command"]], name
+        assert "--enforce-eager" in spec["command"], name
+        assert "LD_PRELOAD" not in spec["env"] and "HCCL_OP_EXPANSION_MODE" not in spec["env"], name
+    # no draft tokens: decode batches one token per sequence
+    assert arg(specs["pd-cluster_a-decode0-dp0"]["command"], "--max-num-batched-tokens") == "48"
+
+
+def test_recipe_items_are_overridden_per_cluster():
+    raw = raw_cluster(version="main", recipe={"quantization": False, "tokenizer_mode": "auto"},
+                      mooncake_connector="MooncakeConnectorV1",
+                      decode={"offload_connector": "RecomputeCPUOffloadConnector", "cpu_offload": "200GiB",
+                              "recompute_scheduler": True,
+                              "engine": {"num_speculative_tokens": 3, "cudagraph_mode": False,
+                                         "additional_config": {}}})
+    _, _, _, specs = plan(raw)
+    dec = specs["pd-cluster_a-decode0-dp0"]["command"]
+    assert "--quantization" not in dec and arg(dec, "--tokenizer-mode") == "auto"
+    assert "--compilation-config" not in dec
+    assert json.loads(arg(dec, "--speculative-config"))["num_speculative_tokens"] == 3
+    assert arg(dec, "--max-num-batched-tokens") == str(48 * 4)
+    assert json.loads(arg(dec, "--additional-config")) == {"scheduler_config": {"recompute_scheduler_enable": True}}
+    assert json.loads(arg(dec, "--kv-transfer-config"))["kv_connector_extra_config"]["connectors"][0][
+        "kv_connector"] == "MooncakeConnectorV1"
+
+
+def test_env_parity_and_no_dead_variables():
+    _, _, _, specs = plan(article_raw(version="main"))
+    for spec in (specs["pd-cluster_a-prefill0-dp0"], specs["pd-cluster_a-decode0-dp0"]):
+        env = spec["env"]
+        # vLLM PR 44128: no V1 release reads VLLM_RPC_TIMEOUT
+        assert "VLLM_RPC_TIMEOUT" not in env
+        assert env["HCCL_OP_EXPANSION_MODE"] == "AIV"
+        assert int(env["VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS"]) > 1836   # above HCCL's operator timeout
+        assert env["HCCL_CONNECT_TIMEOUT"] == "1200" and env["HCCL_BUFFSIZE"] == "1024"
+        # the image only preloads jemalloc from ~/.bashrc, which docker run <cmd> never reads
+        assert env["LD_PRELOAD"] == "/usr/lib/aarch64-linux-gnu/libjemalloc.so.2"
+    _, _, _, specs = plan(raw_cluster(version="main", recipe={"allocator_preload": False},
+                                      prefill={"offload_connector": "OffloadingConnector", "cpu_offload": "200GiB",
+                                               "env": {"HCCL_BUFFSIZE": "2560"}}))
+    assert "LD_PRELOAD" not in specs["pd-cluster_a-prefill0-dp0"]["env"]
+    assert specs["pd-cluster_a-prefill0-dp0"]["env"]["HCCL_BUFFSIZE"] == "2560"   # role env wins
+
+
+def test_unknown_family_is_refused_by_name():
+    with pytest.raises(PdError) as info:
+        model.normalize("cluster_a", raw_cluster(model={"path": MODEL_PATH, "family": "llama"}))
+    assert "generic" in info.value.fix and "deepseek_v4_flash" in info.value.fix

@@ -2,17 +2,18 @@
 
 import pytest
 
-from pd_deploy import model, ops
+from pd_deploy import model
 from pd_deploy.errors import PdError
 from pd_deploy.logparse import FAR_HIGH_FACTOR, judge_bytes_per_token
+from pd_deploy.ops import common
 
-DATA = ops.models()
+DATA = common.models()
 
 
 def test_the_default_family_of_defaults_yml_has_data():
     family = model.defaults()["cluster"]["model"]["family"]
     assert family in DATA
-    assert ops.DEFAULT_FAMILY == family
+    assert common.DEFAULT_FAMILY == family
 
 
 @pytest.mark.parametrize("family", sorted(DATA))
@@ -55,12 +56,12 @@ def test_v4_flash_band_separates_a_disabled_hybrid_manager():
 
 
 def test_model_band_returns_a_fresh_copy_and_accepts_an_override():
-    first = ops.model_band("deepseek_v4_flash")
+    first = common.model_band("deepseek_v4_flash")
     first["max"] = 1
-    assert ops.model_band("deepseek_v4_flash")["max"] == DATA["deepseek_v4_flash"]["bytes_per_token"]["max"]
+    assert common.model_band("deepseek_v4_flash")["max"] == DATA["deepseek_v4_flash"]["bytes_per_token"]["max"]
     override = {"min": 4096, "max": 16384, "source": "our bf16 KV measurement, 2026-05"}
-    assert ops.model_band("deepseek_v4_flash", override) == override
-    assert ops.model_band(None) == ops.model_band("deepseek_v4_flash")
+    assert common.model_band("deepseek_v4_flash", override) == override
+    assert common.model_band(None) == common.model_band("deepseek_v4_flash")
 
 
 @pytest.mark.parametrize("override, field", [
@@ -71,11 +72,11 @@ def test_model_band_returns_a_fresh_copy_and_accepts_an_override():
 ])
 def test_a_bad_override_is_refused_naming_the_field(override, field):
     with pytest.raises(PdError) as info:
-        ops.model_band("deepseek_v4_flash", override)
+        common.model_band("deepseek_v4_flash", override)
     assert info.value.field == field
 
 
 def test_an_unknown_family_names_the_known_ones():
     with pytest.raises(PdError) as info:
-        ops.model_band("llama")
+        common.model_band("llama")
     assert "deepseek_v4_flash" in str(info.value)

@@ -24,8 +24,9 @@ def decode_specs():
            "decode": {"offload_connector": "RecomputeCPUOffloadConnector", "cpu_offload": "200GiB",
                       "recompute_scheduler": True}}
     cluster = model.normalize("cluster_a", raw)
-    hosts = [model.host_record("a-p0", "prefill", {"pd_host_address": "10.0.0.11"}),
-             model.host_record(HOST, "decode", {"pd_host_address": "10.0.0.12"})]
+    facts = {"pd_host_ram": "1TiB", "pd_hccl_if": "enp189s0f0"}
+    hosts = [model.host_record("a-p0", "prefill", dict(facts, pd_host_address="10.0.0.11")),
+             model.host_record(HOST, "decode", dict(facts, pd_host_address="10.0.0.12"))]
     topo, _ = model.topology(cluster, hosts)
     return [model.rank_spec(cluster, inst, rank, topo["hosts"][rank["host"]])
             for inst in topo["instances"] for rank in inst["ranks"] if rank["host"] == HOST]
@@ -204,3 +205,112 @@ def test_helpers_read_real_command_output():
     assert prechecks.npu_count(NPU_SMI) == 8
     assert prechecks.npu_count("") is None
     assert prechecks.npu_count(None) is None
+
+
+# ---- chip model and HBM per NPU from `npu-smi info` (issue 10 finding 5) ------------------------
+# Tables in the layout of real `npu-smi info` output posted publicly (A2 910B2/910B3:
+# vllm-project/vllm-ascend issues 975 and 1903; A3: issues 2035 and 2534; a busy chip printing
+# "56152/ 65536" without the space: vllm-project/vllm-omni issue 3597; a 910B4-1 with 65536 MB:
+# Project-HAMi/HAMi-WebUI issue 47). Values are ours.
+
+HEAD = """\
++------------------------------------------------------------------------------------------------+
+| npu-smi 24.1.0                   Version: 24.1.0                                               |
++---------------------------+---------------+----------------------------------------------------+
+| NPU   Name                | Health        | Power(W)    Temp(C)           Hugepages-Usage(page)|
+| {chip_hdr:<26}| Bus-Id        | AICore(%)   Memory-Usage(MB)  HBM-Usage(MB)        |
++===========================+===============+====================================================+
+"""
+PROCS = """\
++---------------------------+---------------+----------------------------------------------------+
+| NPU     Chip              | Process id    | Process name             | Process memory(MB)      |
++===========================+===============+====================================================+
+| 0       0                 | 412345        | python3                  | 51234                   |
++===========================+===============+====================================================+
+"""
+
+
+def a2_table(name="910B3", hbm=65536, npus=8, used="3162 / "):
+    rows = []
+    for i in range(npus):
+        rows += [f"| {i:<6}{name:<20}| OK            | 96.0        36                0    / 0             |",
+                 f"| 0                         | 0000:C{i + 1}:00.0  | 0           0    / 0          {used}{hbm:<8}|",
+                 "+===========================+===============+====================================================+"]
+    return HEAD.format(chip_hdr="Chip") + "\n".join(rows) + "\n" + PROCS
+
+
+def a3_table(cards=8):
+    rows = []
+    for card in range(cards):
+        for sub in range(2):
+            rows += [f"| {card:<6}{'Ascend910':<20}| OK            | {'178.8' if sub == 0 else '-':<12}36                0    / 0             |",
+                     f"| {sub:<6}{2 * card + sub:<20}| 0000:9D:00.0  | 0           0    / 0          56152/ 65536         |",
+                     "+------------------------------------------------------------------------------------------------+"]
+    return HEAD.format(chip_hdr="Chip  Phy-ID") + "\n".join(rows) + "\n" + PROCS
+
+
+A3_LIST = "\tTotal Count                    : 8\n\n" + "".join(
+    f"\tNPU ID                         : {i}\n\tChip Count                     : 2\n\n" for i in range(8))
+
+
+def test_npu_table_reads_a2_rows_and_skips_the_process_table():
+    table = prechecks.npu_table(a2_table("910B2"))
+    assert [(r["npu"], r["chip"], r["name"], r["hbm_mb"]) for r in table] == [(i, 0, "910B2", 65536) for i in range(8)]
+
+
+def test_npu_table_reads_a3_two_chips_per_card_and_busy_usage():
+    table = prechecks.npu_table(a3_table())
+    assert len(table) == 16
+    assert {(r["name"], r["hbm_mb"]) for r in table} == {("Ascend910", 65536)}
+    assert [(r["npu"], r["chip"]) for r in table[:3]] == [(0, 0), (0, 1), (1, 0)]
+
+
+def test_a3_npu_count_is_chips_not_cards():
+    """An Atlas 800T A3 lists 8 cards of 2 chips: 16 NPUs (pd_npus 16), not 8."""
+    assert prechecks.npu_count(A3_LIST) == 16
+    facts = good_facts()
+    facts["npus_needed"] = 16
+    facts["probe"]["npu_smi"] = {"rc": 0, "stdout": A3_LIST, "stderr": ""}
+    assert prechecks.problems(facts) == []
+
+
+def _with_table(text, chip="910B3", hbm=64 * GIB):
+    facts = good_facts()
+    facts["probe"]["npu_smi_info"] = {"rc": 0, "stdout": text, "stderr": ""}
+    facts["npu_chip"], facts["hbm_per_npu_bytes"] = chip, hbm
+    return facts
+
+
+def test_matching_chip_and_hbm_is_no_problem():
+    assert prechecks.problems(_with_table(a2_table())) == []
+    assert prechecks.problems(_with_table(a2_table("910B4-1"), chip="910B4-1")) == []
+    assert prechecks.problems(_with_table(a2_table(), chip="Ascend910B3")) == []   # prefix tolerated
+
+
+def test_a_910b4_host_with_32gb_is_named_with_found_value_and_fix():
+    found = prechecks.problems(_with_table(a2_table("910B4", 32768)))
+    assert len(found) == 2
+    chip, hbm = found
+    assert chip.startswith(f"{HOST}: npu-smi info reports chip 910B4 but the inventory says pd_npu_chip 910B3")
+    assert "set pd_npu_chip: 910B4" in chip
+    assert hbm.startswith(f"{HOST}: npu-smi info reports 32768 MB of HBM per NPU (910B4) but pd_hbm_per_npu is 64GiB")
+    assert "set pd_hbm_per_npu: 32GiB" in hbm
+
+
+def test_hbm_is_checked_apart_from_the_chip_name():
+    """A 910B4-1 carries 65536 MB (HAMi-WebUI issue 47): the name alone does not give the HBM."""
+    found = prechecks.problems(_with_table(a2_table("910B4-1", 65536), chip="910B4-1", hbm=32 * GIB))
+    assert len(found) == 1 and "65536 MB of HBM per NPU" in found[0]
+
+
+def test_an_a3_host_declared_as_a2_is_a_problem():
+    found = prechecks.problems(_with_table(a3_table()))
+    assert len(found) == 1 and "reports chip Ascend910" in found[0]
+    assert prechecks.problems(_with_table(a3_table(), chip="Ascend910")) == []
+
+
+def test_unreadable_or_failing_npu_smi_info_is_a_problem():
+    assert "printed no NPU status rows" in prechecks.problems(_with_table("garbage"))[0]
+    facts = _with_table("")
+    facts["probe"]["npu_smi_info"] = {"rc": 1, "stdout": "", "stderr": "dcmi module initialize failed"}
+    assert "npu-smi info failed (dcmi module initialize failed)" in prechecks.problems(facts)[0]

@@ -23,7 +23,7 @@ def make_engine(**over):
         "max_model_len": 32768, "block_size": 32, "enable_prefix_caching": True,
         "prefix_cache_retention_interval": 4096, "disable_hybrid_kv_cache_manager": False,
         "max_num_partial_prefills": 1, "max_long_partial_prefills": 1, "long_prefill_token_threshold": 8192,
-        "enforce_eager": False, "num_speculative_tokens": 0, "kv_cache_share": 0.6, "extra_args": [],
+        "enforce_eager": False, "num_speculative_tokens": 0, "extra_args": [],
     }
     engine.update(over)
     return engine
@@ -40,19 +40,33 @@ def make_role(role, **over):
         "cpu_offload_bytes": 200 * GIB,
         "recompute_scheduler": role == "decode",
         "shm_size_bytes": None,
-        "engine": make_engine() if role == "prefill" else make_engine(
+        # MTP as upstream runs it: P drafts 1 token eagerly; the article's D: 144 = 48 x (1 + 2)
+        "engine": make_engine(enforce_eager=True, num_speculative_tokens=1) if role == "prefill" else make_engine(
             max_num_seqs=48, max_num_batched_tokens=144, enable_prefix_caching=False,
-            prefix_cache_retention_interval=None),
+            prefix_cache_retention_interval=None, num_speculative_tokens=2),
         "env": {}, "privileged": False,
     }
     base.update(over)
     return base
 
 
-def make_cluster(version="0.25.1"):
-    """The article's cluster: P DP2xTP4 + OffloadingConnector 200GiB, D DP2xTP4 + Recompute 200GiB."""
+#: published image tag per line (vllm-ascend release tags; main's scheduled build is nightly-main)
+TAGS = {"0.23": "v0.23.0", "0.24": "v0.24.0rc1", "0.25": "v0.25.1rc1", "main": "nightly-main"}
+
+
+def make_cluster(version="main"):
+    """The article's cluster: P DP2xTP4 + OffloadingConnector 200GiB, D DP2xTP4 + Recompute 200GiB.
+
+    On main: the only line whose OffloadingConnector starts with DeepSeek-V4-Flash.
+    """
+    line = version if version == "main" else ".".join(version.lstrip("v").split(".")[:2])
     return {
-        "name": "cluster_a", "vllm_ascend_version": version, "image": "quay.io/ascend/vllm-ascend:v0.25.1",
+        "name": "cluster_a", "vllm_ascend_version": version,
+        "image": f"quay.io/ascend/vllm-ascend:{TAGS.get(line, 'v' + version)}",
+        "recipe": {"tokenizer_mode": "deepseek_v4", "tool_call_parser": "deepseek_v4",
+                   "enable_auto_tool_choice": True, "reasoning_parser": "deepseek_v4",
+                   "enable_expert_parallel": True, "quantization": "ascend", "speculative_method": "mtp",
+                   "allocator_preload": None, "env": {}},
         "model": {"path": "/data/models/DeepSeek-V4-Flash", "served_name": "deepseek-v4-flash",
                   "family": "deepseek_v4_flash"},
         "workload": {"avg_prompt_tokens": 10240, "p99_prompt_tokens": 28672, "p99_output_tokens": 2048},
@@ -134,7 +148,15 @@ def with_engine(role, **over):
 
 @pytest.mark.parametrize("version", versions.known_versions())
 def test_article_cluster_is_clean_on_every_line(version):
-    assert check(make_cluster(version)) == []
+    vs = check(make_cluster(version))
+    if version == "main":
+        assert vs == []
+        return
+    # v0.23 .. v0.26 ship vllm_ascend.kv_offload.npu, which cannot run DeepSeek-V4-Flash (issue 10 #2):
+    # the article's P offload is the one thing refused there
+    assert [(v["level"], v["where"], v["field"]) for v in vs] == [
+        ("error", "cluster_a/prefill", "prefill.offload_connector")] + (
+        [("warning", "cluster_a", "image")] if version == "0.26" else [])
 
 
 def test_article_cluster_is_clean_with_specs():
@@ -245,14 +267,21 @@ def test_batched_tokens_at_least_twice_the_average_prompt():
 def test_batched_tokens_danger_zone_at_tp4():
     found = hits(check(with_engine("prefill", max_num_batched_tokens=65537)), "prefill.engine.max_num_batched_tokens")
     assert [v["level"] for v in found] == ["error"]
-    assert hits(check(with_engine("prefill", max_num_batched_tokens=65536)),
+    # the article: "65536 是危险区" -- 65536 itself is the danger zone: at least a warning
+    found = hits(check(with_engine("prefill", max_num_batched_tokens=65536)), "prefill.engine.max_num_batched_tokens")
+    assert [v["level"] for v in found] == ["warning"]
+    assert "danger zone" in found[0]["message"] and "32768" in found[0]["fix"]
+    assert hits(check(with_engine("prefill", max_num_batched_tokens=49152)),
                 "prefill.engine.max_num_batched_tokens") == []
+    # at TP8 the article measured nothing: a warning, not an error
     cluster = with_engine("prefill", max_num_batched_tokens=98304)
     cluster["roles"]["prefill"]["tp"] = 8
     cluster["roles"]["prefill"]["dp"] = 1
     cluster["roles"]["decode"]["tp"] = 8
     cluster["roles"]["decode"]["dp"] = 1
-    assert hits(check(cluster), "prefill.engine.max_num_batched_tokens") == []
+    found = hits(check(cluster), "prefill.engine.max_num_batched_tokens")
+    assert [v["level"] for v in found] == ["warning"]
+    assert "not proven safe" in found[0]["message"]
 
 
 @pytest.mark.parametrize("interval, level", [
@@ -395,16 +424,41 @@ def test_kv_port_ranges_between_instances_of_a_role():
     assert hits(rules.check_cluster(cluster, topo), "prefill.kv_port", "error")
 
 
-@pytest.mark.parametrize("npus, kv_port, bad", [
-    (8, 27000, True), (8, 27995, True), (8, 28000, False), (8, 10000, False), (8, 19992, False),
-    (8, 19993, True), (16, 30000, True), (16, 36000, False),
+# Mooncake 0.3.11.post1 (every versions.yml row's image; vllm-ascend Dockerfile ARG MOONCAKE_TAG) draws
+# each NPU's transport port from 20000 + id x 100 .. 20000 + (id + 1) x 100, both ends
+# (Mooncake v0.3.10.post1+ ascend_direct_transport/utils.cpp). P DP2 x TP4 on 8 NPUs: ids 0..7 ->
+# 20000..20800; kv ports must start strictly above, at 20801.
+@pytest.mark.parametrize("npus, dp, kv_port, bad", [
+    (8, 2, 20000, True), (8, 2, 20800, True), (8, 2, 20801, False), (8, 2, 19992, True),
+    (8, 2, 30000, False), (8, 2, 20793, True),
+    # 16 NPUs, P DP4 x TP4: ids 0..15 -> 20000..21600
+    (16, 4, 21600, True), (16, 4, 21601, False),
 ])
-def test_kv_port_avoids_mooncake_transport_range(npus, kv_port, bad):
-    found = hits(check(with_role("prefill", kv_port=kv_port), hosts=make_hosts(p_npus=npus)),
-                 "prefill.kv_port", "error")
-    assert bool(found) is bad
+def test_kv_port_strictly_above_mooncake_transport_window(npus, dp, kv_port, bad):
+    cluster = with_role("prefill", kv_port=kv_port, dp=dp)
+    found = hits(check(cluster, hosts=make_hosts(p_npus=npus)), "prefill.kv_port", "error")
+    assert bool(found) is bad, found
     if bad:
-        assert found[0]["fix"] == f"set prefill.kv_port >= {20000 + npus * 1000}"
+        top = 20000 + npus * 100
+        assert found[0]["fix"] == f"set prefill.kv_port >= {top + 1}"
+        assert f"20000..{top}" in found[0]["message"] and "Mooncake 0.3.11.post1" in found[0]["message"]
+
+
+def test_transport_window_uses_the_devices_of_the_mooncake_ranks():
+    # P DP1 x TP4 on an 8-NPU host uses ids 0..3 only: 20000..20400, so 20401 is free for kv
+    cluster = with_role("prefill", kv_port=20401, dp=1)
+    assert hits(check(cluster), "prefill.kv_port", "error") == []
+    # a host with pd_npu_first 4: ids 4..7 (physical from Mooncake 0.3.10.post1) -> 20400..20800
+    cluster = with_role("prefill", kv_port=20700, dp=1)
+    hosts = [make_host("a-p0", "prefill", "10.0.0.1", npu_first=4, npus=4), make_hosts()[1]]
+    found = hits(check(cluster, hosts=hosts), "prefill.kv_port", "error")
+    assert found and "20400..20800" in found[0]["message"]
+
+
+def test_ascend_base_port_moves_the_window():
+    cluster = with_role("prefill", kv_port=30000, env={"ASCEND_BASE_PORT": "29500"})
+    found = hits(check(cluster), "prefill.kv_port", "error")
+    assert found and found[0]["fix"] == "set prefill.kv_port >= 30301"  # 29500 + 8 x 100 + 1
 
 
 def test_shm_holds_the_pinned_offload():
@@ -516,7 +570,7 @@ def test_every_violation_at_once():
                                                  prefix_cache_retention_interval=4100, max_num_partial_prefills=2)
     cluster["roles"]["decode"]["engine"].update(block_size=48, max_model_len=8192,
                                                 disable_hybrid_kv_cache_manager=True)
-    cluster["roles"]["decode"].update(kv_port=27000, shm_size_bytes=GIB)
+    cluster["roles"]["decode"].update(kv_port=20500, shm_size_bytes=GIB)
     cluster["mooncake_connector"] = "NotMooncake"
     vs = check(cluster, hosts=make_hosts(p_ram=128 * GIB))
     fields = {v["field"] for v in vs}
@@ -585,7 +639,7 @@ def test_wrong_topology_or_specs_shape_raises():
 def test_twice_equal_and_inputs_untouched():
     cluster = make_cluster()
     cluster["roles"]["prefill"]["engine"]["gpu_memory_utilization"] = 0.92
-    cluster["roles"]["decode"]["kv_port"] = 27000
+    cluster["roles"]["decode"]["kv_port"] = 20500
     topo = make_topo(cluster, make_hosts())
     specs = make_specs(cluster, topo)
     snapshot = copy.deepcopy((cluster, topo, specs))
@@ -609,3 +663,128 @@ def test_rules_are_documented_and_all_registered():
 def test_filters():
     assert rules.FILTERS == {"pd_check_cluster": rules.check_cluster,
                              "pd_format_violation": rules.format_violation}
+
+
+# ---- issue 10 #2 / #3: upstream parity rules ------------------------------------------------------
+
+@pytest.mark.parametrize("version", ["0.23.0", "v0.24.0rc1", "0.25.1rc1", "0.26"])
+def test_offloading_connector_refused_where_its_spec_cannot_start(version):
+    """v0.23 .. v0.26 ship vllm_ascend.kv_offload.npu (num_cpu_blocks, one block size, imports the
+    paired vLLM lacks): refuse it naming cluster/role/field, the reason and both ways out."""
+    vs = hits(check(make_cluster(version)), "prefill.offload_connector", "error")
+    assert len(vs) == 1 and vs[0]["where"] == "cluster_a/prefill"
+    assert "num_cpu_blocks" in vs[0]["message"] and "block size" in vs[0]["message"]
+    assert "main" in vs[0]["fix"] and "offload_connector: none" in vs[0]["fix"]
+    # without P offload the same line is clean of it
+    cluster = make_cluster(version)
+    cluster["roles"]["prefill"].update(offload_connector="none", cpu_offload_bytes=0)
+    assert hits(check(cluster), "prefill.offload_connector") == []
+
+
+def test_decode_batched_tokens_follow_seqs_times_one_plus_draft_tokens():
+    # tutorial A2 D: 30 seqs, 1 MTP token -> 60; nightly D: 60 seqs, 3 tokens -> 240
+    assert hits(check(with_engine("decode", max_num_seqs=30, num_speculative_tokens=1,
+                                  max_num_batched_tokens=60)), "decode.engine.max_num_batched_tokens") == []
+    assert hits(check(with_engine("decode", max_num_seqs=60, num_speculative_tokens=3,
+                                  max_num_batched_tokens=240)), "decode.engine.max_num_batched_tokens") == []
+    short = hits(check(with_engine("decode", max_num_seqs=60, num_speculative_tokens=3,
+                                   max_num_batched_tokens=120)), "decode.engine.max_num_batched_tokens")
+    assert [v["level"] for v in short] == ["error"] and "240" in short[0]["fix"]
+    wide = hits(check(with_engine("decode", max_num_seqs=48, num_speculative_tokens=1,
+                                  max_num_batched_tokens=144)), "decode.engine.max_num_batched_tokens")
+    assert [v["level"] for v in wide] == ["warning"] and "96" in wide[0]["fix"]
+
+
+def test_prefill_and_decode_agree_on_speculative_decoding():
+    vs = hits(check(with_engine("prefill", num_speculative_tokens=0)), "prefill.engine.num_speculative_tokens")
+    assert [v["level"] for v in vs] == ["error"] and "draft" in vs[0]["message"]
+    cluster = make_cluster()
+    cluster["recipe"]["speculative_method"] = None
+    assert [v["level"] for v in hits(check(cluster), "recipe.speculative_method")] == ["error"]
+    vs = hits(check(with_engine("prefill", num_speculative_tokens=3)), "prefill.engine.num_speculative_tokens")
+    assert [v["level"] for v in vs] == ["warning"]
+    # neither side speculative: fine (decode then batches max_num_seqs x 1)
+    cluster = with_engine("prefill", num_speculative_tokens=0)
+    cluster["roles"]["decode"]["engine"].update(num_speculative_tokens=0, max_num_batched_tokens=48)
+    assert [v for v in check(cluster) if "speculative" in v["field"]] == []
+
+
+def test_auto_tool_choice_needs_a_parser():
+    cluster = make_cluster()
+    cluster["recipe"]["tool_call_parser"] = None
+    assert [v["level"] for v in hits(check(cluster), "recipe.enable_auto_tool_choice")] == ["error"]
+
+
+@pytest.mark.parametrize("image, npus, level", [
+    ("quay.io/ascend/vllm-ascend:v0.25.1", 8, "error"),           # no such tag: the line's is v0.25.1rc1
+    ("quay.io/ascend/vllm-ascend:v0.25.1rc1", 8, None),
+    ("quay.io/ascend/vllm-ascend:v0.25.1rc1", 16, "error"),       # A3 hosts need the -a3 image
+    ("quay.io/ascend/vllm-ascend:v0.25.1rc1-a3", 16, None),
+    ("quay.io/ascend/vllm-ascend:v0.25.1rc1-a3", 8, "error"),
+    ("quay.io/ascend/vllm-ascend:v0.23.0", 8, "error"),           # another line's image
+    ("registry.local:5000/vllm-ascend:custom", 8, None),          # own builds are not checked
+])
+def test_image_tag_matches_the_version_row(image, npus, level):
+    cluster = make_cluster("0.25.1rc1")
+    cluster["image"] = image
+    cluster["roles"]["decode"]["dp"] = 4 if npus == 16 else 2
+    vs = hits(check(cluster, hosts=make_hosts(p_npus=npus, d_npus=npus)), "image")
+    assert [v["level"] for v in vs] == ([level] if level else [])
+    if level:
+        assert vs[0]["fix"].startswith("set image: quay.io/ascend/vllm-ascend:v0.25.1rc1")
+
+
+def test_main_images_are_nightly_main():
+    assert hits(check(make_cluster("main")), "image") == []
+    cluster = make_cluster("main")
+    cluster["image"] = "quay.io/ascend/vllm-ascend:main"
+    assert "nightly-main" in hits(check(cluster), "image")[0]["fix"]
+
+
+def test_decode_graph_capture_cap():
+    """vllm-ascend's default capture bound is min(max_num_seqs x (1 + N), 512) (platform.py)."""
+    ok = with_engine("decode", cudagraph_mode="FULL_DECODE_ONLY", max_num_seqs=128, num_speculative_tokens=3,
+                     max_num_batched_tokens=512)
+    assert hits(check(ok), "decode.engine.max_num_seqs") == []
+    over = with_engine("decode", cudagraph_mode="FULL_DECODE_ONLY", max_num_seqs=130, num_speculative_tokens=3,
+                       max_num_batched_tokens=520)
+    assert [v["level"] for v in hits(check(over), "decode.engine.max_num_seqs")] == ["warning"]
+    eager = with_engine("decode", cudagraph_mode=None, max_num_seqs=130, num_speculative_tokens=3,
+                        max_num_batched_tokens=520)
+    assert hits(check(eager), "decode.engine.max_num_seqs") == []
+
+
+# ---- weights per NPU and RAM guidance (issue 10 finding 5) --------------------------------------
+
+def test_weights_that_do_not_fit_are_an_error_naming_role_host_and_fix():
+    """bf16 DeepSeek-V4-Flash at DP8 x TP1: 256 experts over EP8 = 70.9 GB of experts per 64 GB NPU."""
+    cluster = make_cluster()
+    cluster["model"]["quantization"] = "bf16"
+    cluster["roles"]["prefill"].update(tp=1, dp=8)
+    found = hits(check(cluster), "model.quantization", "error")
+    # prefill bf16 EP8 (70.9 GB of experts per NPU) and decode bf16 EP8 both fail on 64 GB
+    assert [v["where"] for v in found] == ["cluster_a/prefill@a-p0", "cluster_a/decode@a-d0"]
+    assert "bf16 weights need" in found[0]["message"] and "cannot start" in found[0]["message"]
+    assert "w8a8 fits" in found[0]["fix"]
+
+
+def test_weights_that_fit_give_no_violation():
+    assert hits(check(), "model.quantization") == []          # the article's w8a8 DP2 x TP4 on 64 GB
+
+
+def test_a_32gb_npu_cannot_hold_w8a8_at_dp2_tp4():
+    hosts = make_hosts()
+    for host in hosts:
+        host["hbm_per_npu_bytes"] = 32 * GIB                  # 910B4
+    found = hits(check(hosts=hosts), "model.quantization", "error")
+    assert len(found) == 2
+    assert "32GiB x gpu_memory_utilization 0.85" in found[0]["message"]
+    assert "pd_hbm_per_npu" in found[0]["fix"]
+
+
+def test_ram_below_the_articles_guidance_is_a_warning():
+    # 200 GiB of offload: the article advises >= 512 GB; 300 GiB holds 200 + 64 reserve (no error)
+    found = hits(check(hosts=make_hosts(p_ram=300 * GIB)), "pd_host_ram")
+    assert [(v["level"], v["where"]) for v in found] == [("warning", "cluster_a/prefill@a-p0")]
+    assert "512GiB" in found[0]["message"]
+    assert hits(check(hosts=make_hosts(p_ram=512 * GIB, d_ram=512 * GIB)), "pd_host_ram") == []

@@ -136,10 +136,13 @@ def test_schema_nested_cluster_keys_equal_the_defaults(section):
 
 def test_schema_host_keys_equal_the_host_defaults():
     # pd_npus <- host.npus, pd_hbm_per_npu <- host.hbm_per_npu, pd_host_ram <- host.ram, ...
-    names = {"npus": "pd_npus", "hbm_per_npu": "pd_hbm_per_npu", "ram": "pd_host_ram", "hccl_if": "pd_hccl_if",
-             "npu_first": "pd_npu_first", "ascend_root": "pd_ascend_root", "ram_reserve": "pd_host_ram_reserve"}
+    names = {"npus": "pd_npus", "hbm_per_npu": "pd_hbm_per_npu",
+             "npu_first": "pd_npu_first", "ascend_root": "pd_ascend_root", "ram_reserve": "pd_host_ram_reserve",
+             "npu_chip": "pd_npu_chip"}
     assert set(names) == set(DEFAULTS["host"])
-    assert keys(HOST) == set(names.values()) | {"pd_host_address"}
+    # required facts have no default (issue 12): the address, the HCCL NIC, the RAM; pd_machine
+    # defaults to the address
+    assert keys(HOST) == set(names.values()) | {"pd_host_address", "pd_hccl_if", "pd_host_ram", "pd_machine"}
 
 
 def test_every_default_value_passes_the_schema():

@@ -24,19 +24,18 @@ UNITS = {"K": 1, "M": 2, "G": 3, "T": 4, "P": 5, "E": 6}
     "value, expected",
     [
         ("200GiB", 200 * GiB),
-        ("200GB", 200 * GiB),  # binary like Docker and Ansible, not 200 * 1000**3
-        ("200G", 200 * GiB),
-        ("200g", 200 * GiB),
         ("200gib", 200 * GiB),
+        ("200 GIB", 200 * GiB),
+        ("200 gib", 200 * GiB),
         ("25 GiB", 25 * GiB),
         ("  25 GiB  ", 25 * GiB),
-        ("1.5G", 3 * GiB // 2),
-        (".5K", KiB // 2),
+        ("1.5GiB", 3 * GiB // 2),
+        (".5KiB", KiB // 2),
         ("512MiB", 512 * MiB),
-        ("1K", KiB),
-        ("1kb", KiB),
+        ("1KiB", KiB),
+        ("1kib", KiB),
         ("2TiB", 2 * 1024**4),
-        ("1P", 1024**5),
+        ("1PiB", 1024**5),
         ("3B", 3),
         ("3b", 3),
         ("1024", 1024),
@@ -52,8 +51,26 @@ def test_to_bytes_accepts(value, expected):
 
 
 def test_to_bytes_article_200gb():
-    # DOMAIN §5: 200 GB = 200 x 1024^3 = 214,748,364,800 bytes.
-    assert to_bytes("200GB") == 200 * 1024**3 == 214748364800
+    # DOMAIN §5: the article's 200 GB = 200 x 1024^3 = 214,748,364,800 bytes, written 200GiB here.
+    assert to_bytes("200GiB") == 200 * 1024**3 == 214748364800
+
+
+@pytest.mark.parametrize("text, binary, decimal", [
+    ("200G", 200 * 1024**3, 200 * 1000**3),
+    ("200GB", 200 * 1024**3, 200 * 1000**3),
+    ("200gb", 200 * 1024**3, 200 * 1000**3),
+    ("256g", 256 * 1024**3, 256 * 1000**3),
+    ("1.5T", 3 * 1024**4 // 2, 1500 * 1000**3),
+    ("64 MB", 64 * 1024**2, 64 * 1000**2),
+])
+def test_decimal_looking_units_are_refused_with_both_readings(text, binary, decimal):
+    # issue 12: 200G and 200GB were silently 200 GiB, 200gb a generic schema error; now one grammar:
+    # refused, the message gives both byte counts and the binary spelling to use
+    with pytest.raises(PdError) as info:
+        to_bytes(text, field="decode.cpu_offload", where="c1/decode")
+    assert "ambiguous" in info.value.problem
+    assert str(binary) in info.value.problem and str(decimal) in info.value.problem
+    assert "iB" in info.value.fix
 
 
 @pytest.mark.parametrize(
@@ -64,9 +81,9 @@ def test_to_bytes_article_200gb():
         (False, "boolean"),
         (-1, "negative"),
         (-1.0, "negative"),
-        ("-3G", "negative"),
+        ("-3GiB", "negative"),
         ("abc", "cannot read"),
-        ("1.5.2G", "cannot read"),
+        ("1.5.2GiB", "cannot read"),
         ("1,024", "cannot read"),
         ("1e9", "cannot read"),
         ("", "empty"),
@@ -76,7 +93,7 @@ def test_to_bytes_article_200gb():
         ("10Bb", "unknown unit"),
         (0.3, "whole number of bytes"),
         ("0.3", "whole number of bytes"),
-        ("0.1K", "whole number of bytes"),
+        ("0.1KiB", "whole number of bytes"),
         (float("nan"), "finite"),
         (float("inf"), "finite"),
         ([200], "not a size"),
@@ -123,7 +140,7 @@ def test_to_bytes_int_and_digit_string_round_trip(n):
 @given(
     st.integers(min_value=0, max_value=10**6),
     st.sampled_from(sorted(UNITS)),
-    st.sampled_from(["{k}{u}", "{k}{u}B", "{k}{u}iB", "{k} {u}iB", "{k}{l}", "{k}{l}ib", "{k}{l}b"]),
+    st.sampled_from(["{k}{u}i", "{k}{u}iB", "{k} {u}iB", "{k}{l}ib", "{k}{l}iB", "{k} {l}IB"]),
 )
 def test_to_bytes_unit_spellings(k, unit, pattern):
     text = pattern.format(k=k, u=unit, l=unit.lower())
@@ -133,7 +150,7 @@ def test_to_bytes_unit_spellings(k, unit, pattern):
 @given(st.integers(min_value=0, max_value=2**40), st.sampled_from(sorted(UNITS)))
 def test_to_bytes_halves(n, unit):
     # n + 0.5 units is whole for every binary unit.
-    assert to_bytes(f"{n}.5{unit}") == n * 1024 ** UNITS[unit] + 1024 ** UNITS[unit] // 2
+    assert to_bytes(f"{n}.5{unit}iB") == n * 1024 ** UNITS[unit] + 1024 ** UNITS[unit] // 2
 
 
 @given(st.one_of(st.text(max_size=12), st.floats(allow_nan=True), st.integers(), st.none(), st.booleans()))
@@ -266,7 +283,7 @@ def test_split_twice_same_answer():
         (0, "0B"),
         (KiB, "1KiB"),
         (GiB - 1, "1GiB"),  # 1023.999... MiB rounds up into the next unit
-        ("200GB", "200GiB"),
+        ("200GiB", "200GiB"),
     ],
 )
 def test_to_human(n, expected):
