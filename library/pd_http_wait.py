@@ -11,7 +11,9 @@ description:
     to the caller.
 options:
   checks:
-    description: List of {name, url, timeout_s}; optional method (GET), body (sent as JSON), status ([200]).
+    description:
+      - List of {name, url, timeout_s}; optional method (GET), body (sent as JSON), status ([200]),
+        container (a Docker container name; once it has exited the check ends at once, failed).
     type: list
     elements: dict
     required: true
@@ -23,6 +25,23 @@ options:
     description: Seconds one request may take.
     type: float
     default: 5
+  docker_socket:
+    description: Docker Engine API socket, asked whether the containers of the checks still run.
+    type: path
+    default: /var/run/docker.sock
+  slice_s:
+    description:
+      - Return after about this many seconds even when checks are still within their deadline (they
+        come back with C(pending=true)); 0 waits until every check is done. Set by the action plugin
+        of the same name, which waits slice after slice and prints a progress line in between.
+    type: float
+    default: 0
+  progress_s:
+    description:
+      - Seconds between two progress lines on the controller (action plugin); the slice length of the
+        module runs. Defaults to the play variable C(pd_health_progress_s), else 60; 0 waits in one
+        module run and prints nothing.
+    type: float
 author: pd-deploy
 """
 
@@ -37,7 +56,8 @@ EXAMPLES = r"""
 
 RETURN = r"""
 results:
-  description: One entry per check, in order (name, url, ok, status, error, attempts, waited_s).
+  description: One entry per check, in order (name, url, ok, status, error, attempts, waited_s; pending
+    when a slice ended before the check's deadline; exited when its container stopped first).
   type: list
   returned: always
 all_ok:
@@ -47,7 +67,7 @@ all_ok:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.pd_http import wait_all
+from ansible.module_utils.pd_http import container_gone, wait_all
 
 
 def main():
@@ -56,6 +76,10 @@ def main():
             "checks": {"type": "list", "elements": "dict", "required": True},
             "interval": {"type": "float", "default": 5.0},
             "request_timeout": {"type": "float", "default": 5.0},
+            "docker_socket": {"type": "path", "default": "/var/run/docker.sock"},
+            "slice_s": {"type": "float", "default": 0.0},
+            # read by the action plugin of the same name only (progress lines on the controller)
+            "progress_s": {"type": "float"},
         },
         supports_check_mode=True,
     )
@@ -66,7 +90,9 @@ def main():
             module.fail_json(msg=f"checks[{index}] lacks {', '.join(missing)}: give name, url and timeout_s")
     if module.check_mode:
         module.exit_json(changed=False, skipped=True, results=[], all_ok=True, msg="not probed in check mode")
-    results = wait_all(checks, module.params["interval"], module.params["request_timeout"])
+    results = wait_all(checks, module.params["interval"], module.params["request_timeout"],
+                       slice_s=module.params["slice_s"],
+                       gone=lambda name: container_gone(module.params["docker_socket"], name))
     module.exit_json(changed=False, results=results, all_ok=all(r["ok"] for r in results))
 
 

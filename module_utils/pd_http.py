@@ -66,12 +66,36 @@ def docker(socket_path, method, path, timeout=10.0):
         return status, None, ""
 
 
-def wait_all(checks, interval, request_timeout=5.0, clock=time.monotonic, sleep=time.sleep, send=request):
+def container_gone(socket_path, name):
+    """Why the container ``name`` will never answer (it exited or is dead), else None.
+
+    None also when the engine cannot be asked, or the container is running, restarting (a restart
+    policy brings it back) or not created yet: then only the check's deadline ends the wait.
+    """
+    status, body, _ = docker(socket_path, "GET", f"/containers/{urllib.parse.quote(name, safe='')}/json")
+    state = ((body or {}).get("State") or {}) if status == 200 else {}
+    if state.get("Status") in ("exited", "dead") and not state.get("Restarting"):
+        return f"container {state['Status']} (exit code {state.get('ExitCode')})"
+    if status == 404:
+        return "container does not exist"
+    return None
+
+
+def wait_all(checks, interval, request_timeout=5.0, clock=time.monotonic, sleep=time.sleep, send=request,
+             slice_s=0, gone=None):
     """Poll every check until it answers an expected status or its own deadline passes.
 
     ``checks``: [{name, url, timeout_s, method (GET), body (None), status ([200])}]. All checks are
     polled in the same rounds, so a host's ranks are waited for together, not one after the other.
     Returns [{name, url, ok, status, error, attempts, waited_s}] in the order of ``checks``.
+    With ``slice_s`` > 0 the wait returns once that many seconds have passed (after a round and its
+    interval) even though checks are still within their deadline; those carry ``pending: true`` and
+    the caller (the pd_http_wait action plugin, which prints a progress line) waits again for them
+    with the time they have left.
+    ``gone(container name)`` (e.g. ``container_gone`` on the host's Docker socket), asked after a
+    failed probe of a check that names its ``container``, returns why that container will never
+    answer; the check then ends at once with that error (``exited: true``) instead of waiting out its
+    deadline: a rank whose engine refused its flags fails in seconds, not after its start timeout.
     """
     start = clock()
     results = [{"name": c["name"], "url": c["url"], "ok": False, "status": 0, "error": "not probed",
@@ -91,6 +115,10 @@ def wait_all(checks, interval, request_timeout=5.0, clock=time.monotonic, sleep=
                           waited_s=round(clock() - start, 2))
             if status in (check.get("status") or [200]):
                 result.update(ok=True, error="")
+                continue
+            why = gone(check["container"]) if gone and check.get("container") else None
+            if why:
+                result.update(error=why, exited=True)
             elif clock() - start < float(check.get("timeout_s", 0)):
                 still.append(index)
             elif not error:
@@ -98,4 +126,8 @@ def wait_all(checks, interval, request_timeout=5.0, clock=time.monotonic, sleep=
         pending = still
         if pending:
             sleep(interval)
+            if slice_s and clock() - start >= slice_s:
+                for index in pending:
+                    results[index]["pending"] = True
+                break
     return results

@@ -115,19 +115,27 @@ def probe_specs(specs):
 
 
 def health_checks(specs):
-    """pd_http_wait checks for launch specs: each health URL within the spec's own start timeout."""
-    return [{"name": s["name"], "url": s["health_url"], "timeout_s": s.get("health_timeout_s") or 0}
+    """pd_http_wait checks for launch specs: each health URL within the spec's own start timeout.
+
+    Each check names its container, so the wait ends at once for a rank whose container exited.
+    """
+    return [{"name": s["name"], "url": s["health_url"], "timeout_s": s.get("health_timeout_s") or 0,
+             "container": s["name"]}
             for s in specs if s.get("health_url")]
 
 
 def unhealthy_specs(wait_result, specs):
-    """Specs whose check in a pd_http_wait result did not end healthy (skipped waits count as healthy)."""
+    """Specs whose check in a pd_http_wait result did not end healthy (skipped waits count as healthy).
+
+    Each comes back with ``health_wait``: how its wait ended (error, waited_s, exited), for the
+    failure message.
+    """
     results = (wait_result or {}).get("results")
     if (wait_result or {}).get("skipped") or results is None:
         return []
-    ok = {r["name"] for r in results if r.get("ok")}
-    probed = {r["name"] for r in results}
-    return [s for s in specs if s["name"] in probed and s["name"] not in ok]
+    failed = {r["name"]: r for r in results if not r.get("ok")}
+    return [dict(s, health_wait={k: failed[s["name"]].get(k) for k in ("error", "waited_s", "exited")})
+            for s in specs if s["name"] in failed]
 
 
 def sick_current(specs, probe):
@@ -143,6 +151,16 @@ def sick_current(specs, probe):
                        "once it answers; otherwise read its log (playbooks/collect-logs.yml), fix the cause, "
                        "and remove the container to let the next run recreate it")
     return out
+
+
+def wait_outcome(spec):
+    """How a rank's health wait ended: ``exited after 12 s: container exited (exit code 2)`` or
+    ``no answer within 1800 s (HTTP 503)``."""
+    wait = spec.get("health_wait") or {}
+    if wait.get("exited"):
+        return f"stopped waiting after {wait.get('waited_s')} s: {wait.get('error')}"
+    last = f" (last: {wait['error']})" if wait.get("error") else ""
+    return f"no answer within {spec.get('health_timeout_s')} s{last}"
 
 
 def rollback_message(unhealthy, logs, replaced, host, restored_unhealthy=None):
@@ -162,7 +180,7 @@ def rollback_message(unhealthy, logs, replaced, host, restored_unhealthy=None):
             state = "previous container restored and started, but it does not answer its health URL either"
         else:
             state = "previous container restored and healthy"
-        lines.append(f"- {name} ({spec['health_url']}, waited {spec.get('health_timeout_s')} s): {state}.")
+        lines.append(f"- {name} ({spec['health_url']}, {wait_outcome(spec)}): {state}.")
         tail = log_tail(logs.get(name))
         if tail:
             lines.append("  last log lines:\n" + tail)

@@ -17,6 +17,7 @@
 #   DIR/usr/local/Ascend/driver/lib64/               (placeholder file inside)
 #   DIR/usr/local/Ascend/driver/version.info         Version=24.1.rc3 ...
 #   DIR/usr/local/Ascend/driver/tools/hccn_tool      fake, tests/fixtures/ascend/hccn_tool
+#   DIR/usr/local/Ascend/driver/tools/hccn_tool.fake.conf   no broken variant (a test writes PD_FAKE_HCCN_* keys)
 #   DIR/etc/ascend_install.info
 #   DIR/etc/hccn.conf                                one address block per NPU
 #   DIR/models/DeepSeek-V4-Flash/config.json         tiny model config (no weights)
@@ -77,6 +78,8 @@ install -m 0755 "$FIXTURES/npu-smi" "$DIR/usr/local/bin/npu-smi"
 printf 'PD_FAKE_NPUS=%s\nPD_FAKE_NPU_NAME=910B3\nPD_FAKE_HBM_MB=65536\n' "$NPUS" \
   >"$DIR/usr/local/bin/npu-smi.fake.conf"
 install -m 0755 "$FIXTURES/hccn_tool" "$DIR/usr/local/Ascend/driver/tools/hccn_tool"
+echo "# broken variants of the fake hccn_tool (PD_FAKE_HCCN_* keys, see its header); none by default" \
+  >"$DIR/usr/local/Ascend/driver/tools/hccn_tool.fake.conf"
 
 cat >"$DIR/usr/local/Ascend/driver/version.info" <<'INFO'
 Version=24.1.rc3

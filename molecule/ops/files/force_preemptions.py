@@ -67,7 +67,7 @@ def main(argv=None):
     parser.add_argument("--docker-socket", default="/var/run/docker.sock")
     parser.add_argument("--count", action="store_true", help="only print the scrapes seen so far")
     parser.add_argument("--after", type=int, help="scrapes seen before the health check started")
-    parser.add_argument("--url", help="the engine, e.g. http://127.0.0.1:20200")
+    parser.add_argument("--url", help="the engine, e.g. http://127.0.0.1:21200")
     parser.add_argument("--value", type=float, default=4)
     parser.add_argument("--timeout", type=float, default=180)
     parser.add_argument("--poll", type=float, default=0.2)
