@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Time validate and render-only deploys of generated fleets against the `ansible ping` floor.
 
-    make bench                                   # sizes 4, 16, 64 hosts, median of 3 runs
+    make bench                                   # sizes 4 .. 1024 hosts; median of 3 runs (1 from 256 hosts)
+    .venv/bin/python bench/bench.py --sizes 4,16,64 # the small sizes only (a few minutes)
     .venv/bin/python bench/bench.py --quick      # 1 run, sizes 4 and 16 (smoke)
     .venv/bin/python bench/bench.py --runs 5 --sizes 4,64 --profile
 
@@ -45,6 +46,10 @@ RECAP = re.compile(r"^(?P<host>\S+)\s+:\s+ok=(?P<ok>\d+)\s+changed=(?P<changed>\
 # profile_tasks / profile_roles: "role : task name ------------------------- 1.23s"
 PROFILE_LINE = re.compile(r"^(?P<name>.*?)\s-{3,}\s+(?P<secs>\d+\.\d+)s\s*$")
 KINDS = ("floor", "validate", "render")
+#: --ops: the controller-only playbooks, compared with validate (issue 12 #5: as fast as validate)
+OPS_KINDS = ("capacity", "monitoring")
+#: From this many hosts on a size is "large": --large-runs applies, and the issue-13 target is printed.
+LARGE = 256
 
 
 def tool(name):
@@ -77,6 +82,12 @@ def command(kind, inventory, build, forks=None):
     if kind == "floor":
         return [tool("ansible"), "all", "-m", "ansible.builtin.ping", "-i", inventory] + extra
     out = ["-e", f"pd_plan_build_dir={build}"]
+    if kind == "capacity":
+        return [tool("ansible-playbook"), "playbooks/capacity-report.yml", "-i", inventory,
+                "-e", f"pd_ops_reports_dir={build}/reports"] + out + extra
+    if kind == "monitoring":
+        return [tool("ansible-playbook"), "playbooks/monitoring.yml", "-i", inventory,
+                "-e", f"pd_monitoring_dir={build}/monitoring"] + out + extra
     if kind == "validate":
         return [tool("ansible-playbook"), "playbooks/validate.yml", "-i", inventory] + out + extra
     return [tool("ansible-playbook"), "playbooks/deploy-pd.yml", "-i", inventory,
@@ -135,18 +146,25 @@ def task_counts(recap):
     }
 
 
+def runs_for(hosts, args):
+    """Runs at a size: ``--runs``, or ``--large-runs`` from LARGE hosts on (a 1024-host ping takes minutes)."""
+    return args.large_runs if hosts >= LARGE else args.runs
+
+
 def bench_size(hosts, args, workdir, env):
-    """Generate the fleet of ``hosts`` hosts and time every command ``args.runs`` times (interleaved)."""
+    """Generate the fleet of ``hosts`` hosts and time every command runs_for() times (interleaved)."""
     per_cluster = args.prefill_hosts + args.decode_hosts
     if hosts % per_cluster:
         raise SystemExit(f"bench: {hosts} hosts is not a multiple of {per_cluster} (P + D hosts per cluster)")
     clusters = hosts // per_cluster
     inventory = os.path.join(workdir, f"fleet{hosts}")
     gen_fleet.write_fleet(inventory, clusters, args.prefill_hosts, args.decode_hosts)
-    result = {"hosts": hosts, "clusters": clusters, "wall": {k: [] for k in KINDS},
-              "cpu": {k: [] for k in KINDS}, "tasks": {}}
-    for attempt in range(args.runs):
-        for kind in KINDS:
+    runs = runs_for(hosts, args)
+    kinds = KINDS + (OPS_KINDS if args.ops else ())
+    result = {"hosts": hosts, "clusters": clusters, "runs": runs, "wall": {k: [] for k in kinds},
+              "cpu": {k: [] for k in kinds}, "tasks": {}}
+    for attempt in range(runs):
+        for kind in kinds:
             build = tempfile.mkdtemp(prefix=f"{kind}{hosts}-", dir=workdir)
             wall, cpu, out = run(command(kind, inventory, build, args.forks), env, args.timeout)
             result["wall"][kind].append(wall)
@@ -161,13 +179,15 @@ def bench_size(hosts, args, workdir, env):
                 if not counts["hosts"] or counts["failed"]:
                     raise CommandFailed(f"{kind}: no PLAY RECAP or a failed task\n{out[-4000:]}")
                 result["tasks"][kind] = counts
+            if kind == "capacity" and len(os.listdir(os.path.join(build, "reports"))) != clusters:
+                raise CommandFailed(f"capacity-report: not one report per cluster under {build}/reports\n{out[-4000:]}")
             if kind == "render":
                 specs = count_specs(build)
                 if not specs:
                     raise CommandFailed(f"render: no launch spec written under {build}/render/<host>/\n{out[-4000:]}")
                 result["specs"] = specs
             shutil.rmtree(build, ignore_errors=True)
-            print(f"  {hosts:>4} hosts  run {attempt + 1}/{args.runs}  {kind:<8} {wall:7.2f}s wall "
+            print(f"  {hosts:>4} hosts  run {attempt + 1}/{runs}  {kind:<8} {wall:7.2f}s wall "
                   f"{cpu:7.2f}s cpu", file=sys.stderr, flush=True)
     for key in ("wall", "cpu"):
         result[key] = {k: statistics.median(v) for k, v in result[key].items()}
@@ -180,13 +200,14 @@ def fmt_ratio(num, den):
 
 def print_table(results, args):
     print()
-    print(f"pd-deploy bench: median of {args.runs} run(s); forks {args.forks or configured_forks()}; "
+    runs = sorted({r["runs"] for r in results})
+    print(f"pd-deploy bench: median of {'/'.join(map(str, runs))} run(s) (column runs); forks {args.forks or configured_forks()}; "
           f"{args.prefill_hosts} P + {args.decode_hosts} D hosts per cluster; {os.cpu_count()} CPU(s); "
           f"ansible_connection=local")
     print(f"load average (1/5/15 min) at the end: {' '.join(f'{x:.2f}' for x in os.getloadavg())} "
           f"(other work on this machine inflates wall times; CPU seconds are less sensitive)")
     print()
-    head = (f"{'hosts':>5} {'clu':>4} | {'ping s':>7} {'validate s':>10} {'render s':>9} | "
+    head = (f"{'hosts':>5} {'clu':>4} {'runs':>4} | {'ping s':>7} {'validate s':>10} {'render s':>9} | "
             f"{'val/ping':>8} {'rend/ping':>9} | {'render tasks/host':>17} {'render total':>12} "
             f"{'ok':>5} {'chg':>5} {'skip':>5} | {'val tasks':>9} | {'specs':>5}")
     print("wall time (seconds, median)")
@@ -197,7 +218,7 @@ def print_table(results, args):
         rt, vt = t["render"], t["validate"]
         per_host = (f"{rt['per_host_min']}" if rt["per_host_min"] == rt["per_host_max"]
                     else f"{rt['per_host_min']}-{rt['per_host_max']}")
-        print(f"{r['hosts']:>5} {r['clusters']:>4} | {w['floor']:>7.2f} {w['validate']:>10.2f} {w['render']:>9.2f} | "
+        print(f"{r['hosts']:>5} {r['clusters']:>4} {r['runs']:>4} | {w['floor']:>7.2f} {w['validate']:>10.2f} {w['render']:>9.2f} | "
               f"{fmt_ratio(w['validate'], w['floor']):>8} {fmt_ratio(w['render'], w['floor']):>9} | "
               f"{per_host:>17} {rt['total']:>12} {rt['ok']:>5} {rt['changed']:>5} {rt['skipped']:>5} | "
               f"{vt['total']:>9} | {r['specs']:>5}")
@@ -212,17 +233,46 @@ def print_table(results, args):
         print(f"{r['hosts']:>5} {r['clusters']:>4} | {c['floor']:>8.2f} {c['validate']:>12.2f} {c['render']:>10.2f} | "
               f"{fmt_ratio(c['validate'], c['floor']):>8} {fmt_ratio(c['render'], c['floor']):>9}")
     if len(results) >= 2:
-        first, last = results[0], results[-1]
-        hosts_ratio = last["hosts"] / first["hosts"]
         print()
-        print(f"growth {first['hosts']} -> {last['hosts']} hosts (hosts x{hosts_ratio:g}): "
-              + ", ".join(f"{k} x{last['wall'][k] / first['wall'][k]:.2f}" for k in KINDS)
-              + f"; render tasks x{last['tasks']['render']['total'] / max(1, first['tasks']['render']['total']):.2f}"
-              + "; CPU: " + ", ".join(f"{k} x{last['cpu'][k] / first['cpu'][k]:.2f}" for k in KINDS))
+        print("growth of wall / CPU seconds from one size to the next and over the whole range "
+              "(equal to the hosts ratio = linear)")
+        for first, last in list(zip(results, results[1:])) + ([(results[0], results[-1])] if len(results) > 2 else []):
+            print(growth_line(first, last))
+    large = [r for r in results if r["hosts"] >= LARGE]
+    if large:
+        print()
+    for r in large:
+        print(f"issue 13 target at {r['hosts']} hosts: validate and render-only <= 1.00x ping floor; measured "
+              f"validate {fmt_ratio(r['wall']['validate'], r['wall']['floor'])} wall "
+              f"{fmt_ratio(r['cpu']['validate'], r['cpu']['floor'])} CPU, render-only "
+              f"{fmt_ratio(r['wall']['render'], r['wall']['floor'])} wall "
+              f"{fmt_ratio(r['cpu']['render'], r['cpu']['floor'])} CPU (figures only, not asserted)")
+    if "capacity" in results[0]["wall"]:
+        print()
+        head = (f"{'hosts':>5} {'clu':>4} | {'validate s':>10} {'capacity s':>10} {'monitor s':>9} | "
+                f"{'validate cpu':>12} {'capacity cpu':>12} {'monitor cpu':>11} | {'cap/val cpu':>11} {'mon/val cpu':>11}")
+        print("controller-only playbooks (--ops) against validate, which each of them runs first (median)")
+        print(head)
+        print("-" * len(head))
+        for r in results:
+            w, c = r["wall"], r["cpu"]
+            print(f"{r['hosts']:>5} {r['clusters']:>4} | {w['validate']:>10.2f} {w['capacity']:>10.2f} {w['monitoring']:>9.2f} | "
+                  f"{c['validate']:>12.2f} {c['capacity']:>12.2f} {c['monitoring']:>11.2f} | "
+                  f"{fmt_ratio(c['capacity'], c['validate']):>11} {fmt_ratio(c['monitoring'], c['validate']):>11}")
     last = results[-1]
     print(f"issue 6 target at {last['hosts']} hosts: render-only <= 3.00x ping floor; "
           f"measured {fmt_ratio(last['wall']['render'], last['wall']['floor'])} wall, "
           f"{fmt_ratio(last['cpu']['render'], last['cpu']['floor'])} CPU (figures only, not asserted)")
+
+
+def growth_line(first, last):
+    """One line: how each command's wall and CPU seconds grew from ``first`` to ``last`` (bench results)."""
+    def ratio(kind, key):
+        return f"x{last[key][kind] / first[key][kind]:.2f}" if first[key][kind] else "-"
+    tasks = last["tasks"]["render"]["total"] / max(1, first["tasks"]["render"]["total"])
+    return (f"  {first['hosts']:>4} -> {last['hosts']:<4} hosts (x{last['hosts'] / first['hosts']:g}): "
+            + ", ".join(f"{k} {ratio(k, 'wall')} / {ratio(k, 'cpu')}" for k in KINDS)
+            + f"; render tasks x{tasks:.2f}")
 
 
 def profile_sections(text):
@@ -276,7 +326,11 @@ def profile(hosts, args, workdir, env):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", "-n", type=int, default=3, help="runs per command and size; the median is shown (3)")
-    parser.add_argument("--sizes", default="4,16,64", help="host counts, comma separated (4,16,64)")
+    parser.add_argument("--large-runs", type=int, default=1,
+                        help=f"runs per command at sizes of {LARGE} hosts and more (1: the 1024-host ping alone "
+                             "takes minutes on 2 CPUs)")
+    parser.add_argument("--sizes", default="4,16,64,256,1024",
+                        help="host counts, comma separated (4,16,64,256,1024)")
     parser.add_argument("--quick", action="store_true", help="smoke: 1 run, sizes 4 and 16")
     parser.add_argument("--prefill-hosts", type=int, default=2, help="prefill hosts per cluster (2)")
     parser.add_argument("--decode-hosts", type=int, default=2, help="decode hosts per cluster (2)")
@@ -286,13 +340,15 @@ def main(argv=None):
                         help="also run render-only once at the largest size with profile_tasks / profile_roles")
     parser.add_argument("--profile-top", type=int, default=25, help="profile_tasks lines to show (25)")
     parser.add_argument("--timeout", type=float, default=3600, help="seconds one command may take (3600)")
+    parser.add_argument("--ops", action="store_true",
+                        help="also time playbooks/capacity-report.yml and playbooks/monitoring.yml against validate")
     parser.add_argument("--keep", metavar="DIR", help="write inventories and builds under DIR and keep them")
     args = parser.parse_args(argv)
     if args.quick:
-        args.runs, args.sizes = 1, "4,16"
+        args.runs, args.large_runs, args.sizes = 1, 1, "4,16"
     sizes = sorted({int(s) for s in args.sizes.split(",") if s.strip()})
-    if args.runs < 1 or not sizes:
-        parser.error("--runs must be >= 1 and --sizes must name at least one size")
+    if args.runs < 1 or args.large_runs < 1 or not sizes:
+        parser.error("--runs and --large-runs must be >= 1 and --sizes must name at least one size")
 
     env = base_env()
     workdir = os.path.abspath(args.keep) if args.keep else tempfile.mkdtemp(prefix="pd-bench-")

@@ -57,7 +57,7 @@ def pd_cluster(name, first_prefill_host, prefill_hosts, decode_hosts):
     return {
         "name": name,
         "vllm_ascend_version": "main",
-        "image": "quay.io/ascend/vllm-ascend:main",
+        "image": "quay.io/ascend/vllm-ascend:nightly-main",
         "model": {"path": "/data/models/DeepSeek-V4-Flash", "served_name": "deepseek-v4-flash"},
         "mooncake_connector": "MooncakeConnectorV1",
         "proxy": {"host": first_prefill_host, "port": 8000},

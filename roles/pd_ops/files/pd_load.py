@@ -10,7 +10,9 @@ Prints one JSON object:
      requests_per_s, ttft_p50_s, ttft_p95_s, latency_p50_s, latency_p95_s, concurrency, prompt_tokens}
 
 Exit status 0 whenever the load ran (failed requests are counted, the playbook decides); 2 on bad
-arguments.
+arguments. With --api-key-file, every request sends ``Authorization: Bearer <the file's key>`` (the
+engines answer /v1 without it with 401); the key is read from a file, never taken from argv or an
+environment set on a command line, which `ps` shows to every user of the host.
 """
 
 import argparse
@@ -36,12 +38,14 @@ def prompt_for(index, tokens):
     return f"request {index}: " + "tok " * max(1, tokens - 3)
 
 
-def one_request(url, model, prompt, max_tokens, timeout):
+def one_request(url, model, prompt, max_tokens, timeout, api_key=None):
     """Send one streamed completion; return (ttft seconds or None, latency seconds, tokens generated)."""
     body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True,
             "stream": True, "stream_options": {"include_usage": True}}
-    request = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
-                                     headers={"Content-Type": "application/json"})
+    headers = {"Content-Type": "application/json"}
+    if api_key:
+        headers["Authorization"] = f"Bearer {api_key}"
+    request = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST", headers=headers)
     start = time.monotonic()
     ttft = None
     chunks = 0
@@ -75,6 +79,10 @@ def one_request(url, model, prompt, max_tokens, timeout):
 
 def run(args):
     """Run the load and return the result dict."""
+    api_key = None
+    if getattr(args, "api_key_file", None):
+        with open(args.api_key_file, encoding="utf-8") as handle:
+            api_key = handle.read().strip() or None
     lock = threading.Lock()
     next_index = [0]
     ttfts, latencies, errors = [], [], []
@@ -89,7 +97,7 @@ def run(args):
                 next_index[0] += 1
             try:
                 ttft, latency, generated = one_request(args.url, args.model, prompt_for(index, args.prompt_tokens),
-                                                       args.max_tokens, args.timeout)
+                                                       args.max_tokens, args.timeout, api_key)
             except (urllib.error.URLError, OSError, ValueError) as exc:
                 with lock:
                     errors.append(f"request {index}: {exc}")
@@ -127,6 +135,7 @@ def main(argv=None):
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--prompt-tokens", type=int, default=1024)
     parser.add_argument("--timeout", type=float, default=600)
+    parser.add_argument("--api-key-file", help="file holding the API key sent as Authorization: Bearer")
     args = parser.parse_args(argv)
     if args.requests < 1 or args.max_tokens < 1 or args.prompt_tokens < 1:
         parser.error("--requests, --max-tokens and --prompt-tokens must be >= 1")
