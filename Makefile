@@ -1,13 +1,14 @@
 # pd-deploy: the two commands the README promises, plus lint / bench helpers.
 #   make demo   venv + render-only run of the main playbook on the embedded inventories (no hardware)
 #   make test   venv + lint + unit/render tests + Molecule scenarios on a local Docker engine
+#   make collection  build/collection/pd-deploy-<version>.tar.gz (Ansible collection pd.deploy, no Galaxy)
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv demo test lint unit molecule bench bench-deploy clean
+.PHONY: venv demo test lint unit molecule bench bench-deploy collection clean
 
 venv: $(STAMP)
 
@@ -17,9 +18,9 @@ $(STAMP): requirements.txt requirements-dev.txt
 	touch $(STAMP)
 
 demo: venv
-	$(BIN)/ansible-playbook playbooks/deploy-pd.yml -e pd_render_only=true
-	$(BIN)/ansible-playbook playbooks/deploy-pd.yml -i inventories/example -e pd_render_only=true
-	@echo "Launch specs: build/render/<host>/*.json   Capacity: build/render/<cluster>/capacity.md"
+	$(BIN)/ansible-playbook deploy-pd.yml -e pd_render_only=true
+	$(BIN)/ansible-playbook deploy-pd.yml -i inventories/example -e pd_render_only=true
+	@echo "Launch specs: build/local/render/<host>/*.json, build/example/render/<host>/*.json   Capacity: build/example/render/<cluster>/capacity.md"
 
 lint: venv
 	$(BIN)/yamllint --strict .
@@ -32,6 +33,9 @@ molecule: venv
 	PATH="$(CURDIR)/$(BIN):$$PATH" bash tests/harness/run-molecule.sh
 
 test: lint unit molecule
+
+collection: venv
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python tools/build-collection.py
 
 bench: venv
 	$(BIN)/python bench/bench.py

@@ -15,22 +15,49 @@ if _REPO not in sys.path:
     sys.path.insert(0, _REPO)
 
 from pd_deploy import (  # noqa: E402
-    capacity, connectors, containers, fleet, logparse, ops, prechecks, report, rules, sizes, versions)
+    capacity, compat, connectors, containers, failures, fleet, logparse, netchecks, ops, prechecks, report, rules,
+    secrets, sizes, versions)
 from pd_deploy.fleet import HOST_VARS  # noqa: E402
 
-_READ = ("pd_cluster", "ansible_host") + HOST_VARS
+_READ = ("pd_cluster", "ansible_host", "pd_allow_idle_hosts") + HOST_VARS
+
+
+def _run_facts(hostvars, name):
+    """Names set during this run (set_fact, register): not inventory keys, so not checked by name."""
+    manager = getattr(hostvars, "_variable_manager", None)
+    try:
+        return set(manager._nonpersistent_fact_cache.get(name, {})) | set(manager._fact_cache.get(name, {}))
+    except Exception:  # noqa: BLE001 -- private API of ansible-core; without it every key is checked
+        return set()
+
+
+def _load_error(exc):
+    """One line for a host whose variables cannot be read (a broken group_vars / host_vars file)."""
+    text = " ".join(str(getattr(exc, "_original_message", None) or exc).split())
+    return f"its variables cannot be read: {text}"
 
 
 def fleet_input(hostvars, host_names, limit=None):
     """Plain fleet description from ``hostvars`` for ``host_names`` (inventory order).
 
-    Only the pd_* keys the model reads are templated, so a large inventory stays cheap.
+    Only the pd_* keys the model reads are templated, so a large inventory stays cheap; the names of
+    all other pd_* keys are passed for the unknown-variable check. A host whose variable files cannot
+    be parsed is passed with an ``error`` instead of stopping the run at the first one.
     """
     hosts = []
     for name in host_names:
-        hv = hostvars[name]
-        data = {key: hv[key] for key in _READ if key in hv}
-        hosts.append({"name": name, "groups": list(hv.get("group_names", [])), "vars": data})
+        try:
+            hv = hostvars[name]
+            facts = _run_facts(hostvars, name)
+            keys = [k for k in hv.keys() if isinstance(k, str) and k.startswith("pd_") and k not in facts]
+            data = {key: hv[key] for key in _READ if key in hv}
+            if "pd_api_key" in hv:  # only its redaction enters the fleet description, never the key
+                data["pd_api_key"] = secrets.host_key_fact(hv["pd_api_key"])
+            groups = list(hv.get("group_names", []))
+        except Exception as exc:  # noqa: BLE001 -- AnsibleError of a YAML file, reported as a violation
+            hosts.append({"name": name, "groups": [], "vars": {}, "keys": [], "error": _load_error(exc)})
+            continue
+        hosts.append({"name": name, "groups": groups, "vars": data, "keys": keys})
     return {"hosts": hosts, "limit": list(limit) if limit else None}
 
 
@@ -45,7 +72,7 @@ class FilterModule:
     def filters(self):
         out = {}
         for module in (sizes, capacity, logparse, versions, connectors, rules, fleet, containers, report,
-                       prechecks, ops):
+                       prechecks, ops, secrets, netchecks, failures, compat):
             out.update(module.FILTERS)
         out["pd_fleet_input"] = fleet_input
         out["pd_plan_from_hostvars"] = plan_from_hostvars

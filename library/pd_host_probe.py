@@ -24,9 +24,26 @@ options:
     elements: str
     default: []
   npu_smi:
-    description: Path of npu-smi, run as C(npu-smi info -l); not run when empty.
+    description: Path of npu-smi, run as C(npu-smi info -l) (NPU count) and C(npu-smi info) (chip name and HBM
+      per NPU); not run when empty.
     type: str
     default: ""
+  hccn:
+    description:
+      - NPU network checks with hccn_tool, not run when empty. Keys C(tool) (path of hccn_tool), C(conf) (path of
+        hccn.conf, read as text), C(devices) (NPU indices: C(-link), C(-net_health), C(-ip) and C(-tls) are read
+        for each) and C(ping) (list of C(device), C(address): C(-ping -g address) from that NPU).
+      - Judged on the controller by the pd_hccn_problems and pd_hccn_ping_problems filters.
+    type: dict
+    default: {}
+  compat:
+    description:
+      - Compatibility readings, not read when empty. Keys C(images) (references whose history, env and labels
+        are read from the Engine API, no container started), C(driver_info) (path of the driver's version.info),
+        C(daemon_json) (path of Docker's daemon.json); a missing file reads as null.
+      - Judged on the controller by the pd_compat_problems filter.
+    type: dict
+    default: {}
   host_facts:
     description: Read /proc/meminfo and the listening TCP ports.
     type: bool
@@ -77,6 +94,10 @@ npu_smi:
   description: rc, stdout and stderr of C(npu-smi info -l) (rc 127 when it could not run), or null.
   type: dict
   returned: always
+npu_smi_info:
+  description: rc, stdout and stderr of C(npu-smi info), the status table (rc 127 when it could not run), or null.
+  type: dict
+  returned: always
 meminfo:
   description: Text of /proc/meminfo (empty unless host_facts).
   type: str
@@ -101,6 +122,17 @@ images_missing:
   description: References of O(images) not in the local image store (empty when Docker did not answer).
   type: list
   returned: always
+hccn:
+  description: With O(hccn), tool_error (why hccn_tool could not run, or empty), conf (hccn.conf text or null),
+    devices ({"N" -> {link, net_health, ip, tls} each rc, stdout, stderr}), ping (device, address, rc, stdout,
+    stderr); null without O(hccn).
+  type: dict
+  returned: always
+compat:
+  description: With O(compat), images ({ref -> {history (CreatedBy of each layer), env, labels}}), driver_info and
+    daemon_json (text or null); null without O(compat).
+  type: dict
+  returned: always
 health:
   description: For each O(containers) entry running its current hash, the probe result (name, url, ok, status, error).
   type: list
@@ -111,6 +143,7 @@ import json
 import os
 import stat as stat_mod
 import urllib.parse
+from concurrent.futures import ThreadPoolExecutor
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.pd_http import docker, wait_all
@@ -192,14 +225,74 @@ def current_checks(specs, containers, probe_timeout):
             for s in specs if s.get("health_url") and running.get(s["name"]) == s.get("hash")]
 
 
-def run_npu_smi(module, path):
+def run_npu_smi(module, path, *args):
     if not path:
         return None
     try:
-        rc, out, err = module.run_command([path, "info", "-l"], handle_exceptions=False)
+        rc, out, err = module.run_command([path, "info", *args], handle_exceptions=False)
     except OSError as exc:
         return {"rc": 127, "stdout": "", "stderr": str(exc)}
     return {"rc": rc, "stdout": out, "stderr": err}
+
+
+def read_optional(path):
+    """Text of ``path``, or None when it is not a file."""
+    return read_text(path) if path and os.path.isfile(path) else None
+
+
+def run_compat(socket_path, spec):
+    """Image metadata (Engine API, nothing started), driver version.info and daemon.json; None when not asked."""
+    if not spec:
+        return None
+    out = {"images": {}}
+    for ref in spec.get("images") or []:
+        quoted = urllib.parse.quote(ref, safe="/:@")
+        status, body, _ = docker(socket_path, "GET", f"/images/{quoted}/json")
+        config = (body or {}).get("Config") or {} if status == 200 and isinstance(body, dict) else {}
+        status, hist, _ = docker(socket_path, "GET", f"/images/{quoted}/history")
+        layers = hist if status == 200 and isinstance(hist, list) else []
+        out["images"][ref] = {"env": config.get("Env") or [], "labels": config.get("Labels") or {},
+                              "history": [h.get("CreatedBy", "") for h in layers if isinstance(h, dict)]}
+    if "driver_info" in spec:
+        out["driver_info"] = read_optional(spec["driver_info"])
+    if "daemon_json" in spec:
+        out["daemon_json"] = read_optional(spec["daemon_json"])
+    return out
+
+
+HCCN_QUERIES = ("link", "net_health", "ip", "tls")
+HCCN_WORKERS = 8
+
+
+def run_hccn(module, spec):
+    """Run the read-only hccn_tool queries of ``spec`` (the O(hccn) option); None when not asked."""
+    if not spec or not spec.get("tool"):
+        return None
+    tool = spec["tool"]
+    out = {"tool_error": "", "conf": None, "devices": {}, "ping": []}
+    if not os.access(tool, os.X_OK):
+        out["tool_error"] = f"{tool} is missing or not executable"
+        return out
+    conf = spec.get("conf")
+    if conf and os.path.isfile(conf):
+        out["conf"] = read_text(conf)
+
+    def run(*args):
+        try:
+            rc, stdout, stderr = module.run_command([tool, *map(str, args)], handle_exceptions=False)
+        except OSError as exc:
+            return {"rc": 127, "stdout": "", "stderr": str(exc)}
+        return {"rc": rc, "stdout": stdout, "stderr": stderr}
+
+    # hccn_tool answers one NPU per call and -ping waits for its replies: run the calls side by side
+    devs = [str(d) for d in spec.get("devices") or []]
+    pings = list(spec.get("ping") or [])
+    with ThreadPoolExecutor(max_workers=HCCN_WORKERS) as pool:
+        queries = {(d, q): pool.submit(run, "-i", d, f"-{q}", "-g") for d in devs for q in HCCN_QUERIES}
+        pinged = [pool.submit(run, "-i", t["device"], "-ping", "-g", "address", t["address"]) for t in pings]
+        out["devices"] = {d: {q: queries[(d, q)].result() for q in HCCN_QUERIES} for d in devs}
+        out["ping"] = [{"device": t["device"], "address": t["address"], **f.result()} for t, f in zip(pings, pinged)]
+    return out
 
 
 def main():
@@ -209,6 +302,8 @@ def main():
             "label": {"type": "str", "default": "pd.managed-by=pd-deploy"},
             "paths": {"type": "list", "elements": "str", "default": []},
             "npu_smi": {"type": "str", "default": ""},
+            "hccn": {"type": "dict", "default": {}},
+            "compat": {"type": "dict", "default": {}},
             "host_facts": {"type": "bool", "default": False},
             "disk_path": {"type": "str", "default": ""},
             "images": {"type": "list", "elements": "str", "default": []},
@@ -224,7 +319,10 @@ def main():
     result = {
         "changed": False,
         "stats": stat_paths(p["paths"]),
-        "npu_smi": run_npu_smi(module, p["npu_smi"]),
+        "npu_smi": run_npu_smi(module, p["npu_smi"], "-l"),
+        "npu_smi_info": run_npu_smi(module, p["npu_smi"]),
+        "hccn": run_hccn(module, p["hccn"]),
+        "compat": run_compat(sock, p["compat"]) if ok else None,
         "meminfo": read_text("/proc/meminfo") if p["host_facts"] else "",
         "listening_ports": listening_ports(read_text("/proc/net/tcp"), read_text("/proc/net/tcp6"))
         if p["host_facts"] else [],

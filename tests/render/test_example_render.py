@@ -10,7 +10,7 @@ import yaml
 
 from pd_render_helpers import REPO, assert_no_traceback, files_under, run_playbooks
 
-from tests.fixtures.article import ARTICLE_D
+from tests.fixtures.article import ARTICLE_D_RENDERED
 
 pytestmark = pytest.mark.ansible
 
@@ -93,10 +93,10 @@ def test_one_file_per_rank_and_proxy_on_its_host(example):
 # ---- cluster_a: the article ---------------------------------------------------------------------
 
 def test_cluster_a_decode_connector_is_the_articles(specs):
-    # DOMAIN.md §3, D (article), as the article prints it
-    assert kv(specs["pd-cluster_a-decode0-dp0"]) == ARTICLE_D
+    # DOMAIN.md §3, D (article), plus cpu_bytes_to_use next to the per-rank value
+    assert kv(specs["pd-cluster_a-decode0-dp0"]) == ARTICLE_D_RENDERED
     # both ranks of one instance carry the same connector config
-    assert kv(specs["pd-cluster_a-decode0-dp1"]) == ARTICLE_D
+    assert kv(specs["pd-cluster_a-decode0-dp1"]) == ARTICLE_D_RENDERED
 
 
 def test_cluster_a_prefill_connector_is_mooncake_producer_then_offloading(specs):
@@ -126,12 +126,13 @@ def test_additional_config_only_in_decode_argv(specs):
     for name, spec in specs.items():
         if spec["kind"] != "engine":
             continue
+        add = json.loads(arg(spec["command"], "--additional-config"))
+        assert "recompute_scheduler_enable" not in add, name
         if spec["role"] == "decode":
             # both clusters are v0.25+ / main: the nested form
-            assert json.loads(arg(spec["command"], "--additional-config")) == {
-                "scheduler_config": {"recompute_scheduler_enable": True}}, name
+            assert add["scheduler_config"] == {"recompute_scheduler_enable": True}, name
         else:
-            assert "--additional-config" not in spec["command"], name
+            assert "scheduler_config" not in add, name
 
 
 def test_prefill_keeps_prefix_caching_and_the_hybrid_manager(specs):
@@ -149,13 +150,51 @@ def test_cluster_b_uses_the_hybrid_mooncake_connector(specs):
     for name, spec in specs.items():
         if spec["cluster"] != "cluster_b" or spec["kind"] != "engine":
             continue
-        kids = kv(spec)["kv_connector_extra_config"]["connectors"]
+        config = kv(spec)
+        kids = config["kv_connector_extra_config"].get("connectors", [config])
         assert kids[0]["kv_connector"] == "MooncakeHybridConnector", name
         assert kids[0]["kv_connector_extra_config"] == {"prefill": {"dp_size": 2, "tp_size": 4},
                                                         "decode": {"dp_size": 4, "tp_size": 4}}
-    # vllm_ascend_version 0.25.1: the release-line module path
-    offload = kv(specs["pd-cluster_b-prefill0-dp0"])["kv_connector_extra_config"]["connectors"][1]
-    assert offload["kv_connector_extra_config"]["spec_module_path"] == RELEASE_SPEC_MODULE
+    # v0.25.1rc1: the release-line OffloadingConnector cannot run V4-Flash, so P has no offload child
+    # (issue 10 #2): the prefill config is the Mooncake producer alone
+    pre = kv(specs["pd-cluster_b-prefill0-dp0"])
+    assert pre["kv_connector"] == "MooncakeHybridConnector" and pre["kv_role"] == "kv_producer"
+    assert RELEASE_SPEC_MODULE not in json.dumps(pre)
+
+
+def test_example_images_are_published_tags(specs):
+    """Issue 10 #3: there is no v0.25.1 image; main's scheduled build is nightly-main."""
+    for name, spec in specs.items():
+        want = {"cluster_a": "quay.io/ascend/vllm-ascend:nightly-main",
+                "cluster_b": "quay.io/ascend/vllm-ascend:v0.25.1rc1"}[spec["cluster"]]
+        assert spec["image"] == want, name
+
+
+def test_example_runs_the_v4_recipe(specs):
+    """Issue 10 #3: MTP (P 1 token eager, D graph mode), expert parallel, V4 tokenizer and parsers."""
+    for name, spec in specs.items():
+        if spec["kind"] != "engine":
+            continue
+        cmd = spec["command"]
+        for flag, value in (("--tokenizer-mode", "deepseek_v4"), ("--tool-call-parser", "deepseek_v4"),
+                            ("--reasoning-parser", "deepseek_v4"), ("--quantization", "ascend")):
+            assert arg(cmd, flag) == value, name
+        assert "--enable-expert-parallel" in cmd and "--enable-auto-tool-choice" in cmd, name
+        spec_cfg = json.loads(arg(cmd, "--speculative-config"))
+        assert spec_cfg["method"] == "mtp" and spec_cfg["enforce_eager"] is True, name
+        if spec["role"] == "prefill":
+            assert spec_cfg["num_speculative_tokens"] == 1 and "--enforce-eager" in cmd, name
+            assert "--compilation-config" not in cmd, name
+        else:
+            assert json.loads(arg(cmd, "--compilation-config")) == {"cudagraph_mode": "FULL_DECODE_ONLY"}, name
+            assert "--enforce-eager" not in cmd, name
+            seqs = int(arg(cmd, "--max-num-seqs"))
+            assert int(arg(cmd, "--max-num-batched-tokens")) == seqs * (1 + spec_cfg["num_speculative_tokens"])
+        assert "VLLM_RPC_TIMEOUT" not in spec["env"], name
+        assert spec["env"]["HCCL_OP_EXPANSION_MODE"] == "AIV", name
+        assert spec["env"]["LD_PRELOAD"] == "/usr/lib/aarch64-linux-gnu/libjemalloc.so.2", name
+    # the article's D: 144 batched tokens = 48 x (1 + 2)
+    assert arg(specs["pd-cluster_a-decode0-dp0"]["command"], "--max-num-batched-tokens") == "144"
 
 
 def test_cluster_b_block_128_with_retention_16384(specs):
@@ -180,8 +219,11 @@ def test_cluster_b_decode_instance_spans_two_hosts(specs):
         # rank r is slot r % 2 of its host: devices 4*(r%2) .. 4*(r%2)+3
         devices = list(range(4 * (r % 2), 4 * (r % 2) + 4))
         assert spec["env"]["ASCEND_RT_VISIBLE_DEVICES"] == ",".join(map(str, devices))
+        # the container mounts all 8 NPUs of its host under their own names: numbering inside is
+        # the host's, so every id above exists there and names the rank's own NPUs
         davinci = sorted(int(m.group(1)) for d in spec["devices"] if (m := re.match(r"/dev/davinci(\d+):", d)))
-        assert davinci == devices
+        assert davinci == list(range(8))
+        assert [davinci[v] for v in devices] == devices
         assert spec["env"]["HCCL_IF_IP"] == inventory_address(spec["host"])
 
 
@@ -235,18 +277,36 @@ def test_every_address_port_pair_is_unique(specs):
         assert not any(a == addr and lo <= p < hi for a, p in claims)
 
 
-def test_capacity_summary_per_cluster_mentions_the_kv_budget(rendered):
+def test_capacity_summary_is_an_estimate_from_the_weights_per_npu(rendered):
+    """cluster_a's prefill (DP2 x TP4, w8a8, expert parallel, 32768 batched tokens), by hand.
+
+    Weights per NPU: 256 routed experts over EP8 = 32 per NPU, 44 MoE layers (43 + MTP) x 3 x
+    4096 x 2048 params x 1 byte (int8) x 32/256; dense ~(291.05e9 - experts) params x 2 bytes / TP4.
+    Reserve: 3GiB + 32768 x 128KiB = 7GiB. KV per NPU = 64GiB x 0.85 - weights - reserve; the
+    article's "512 GB x 0.85 x 0.6 = 261 GB per host" assumed weights that fit in the other 40%.
+    """
     _, build = rendered["example"]
-    # 8 NPUs x 64GiB x gpu_memory_utilization 0.85 x kv_cache_share 0.6 (DOMAIN.md §5: ~261 GB)
-    budget_gib = 8 * 64 * 0.85 * 0.6
+    experts = 44 * 256 * 3 * 4096 * 2048
+    weights = -(-experts * 8 * 32 // (8 * 256)) + -(-(291_050_000_000 - experts) * 16 // (8 * 4))
+    reserve = 3 * 1024 ** 3 + 32768 * 128 * 1024
+    per_npu = int(64 * 1024 ** 3 * 0.85) - weights - reserve
+    text = (build / "render" / "cluster_a" / "capacity.md").read_text()
+    rows = {line.split(" | ")[0][2:]: line.split(" | ")[1] for line in text.splitlines() if line.startswith("| ")}
+    assert rows["KV budget per NPU (estimate)"] == f"{per_npu / 1024 ** 3:.2f}GiB"
+    assert rows["KV budget per DP group (TP NPUs)"] == f"{per_npu * 4 / 1024 ** 3:.2f}GiB"
+    assert rows["KV budget per instance (DP groups)"] == f"{per_npu * 8 / 1024 ** 3:.2f}GiB"
+    assert rows["KV budget per host (the role's NPUs on it)"] == f"{per_npu * 8 / 1024 ** 3:.2f}GiB"
+    assert per_npu * 8 < 0.5 * 8 * 64 * 1024 ** 3 * 0.85 * 0.6, "far below the article's 0.6 share"
+    # both limits are per DP group: 32768 // 10240 = 3 prompts per group, 6 per DP2 instance
+    assert rows["expected P concurrency per DP group / per instance"] == "3 / 6"
+    assert rows["max-num-batched-tokens per DP group"] == "32768"
     for cluster in ("cluster_a", "cluster_b"):
         text = (build / "render" / cluster / "capacity.md").read_text()
         assert text.startswith(f"## {cluster}")
-        row = next(line for line in text.splitlines() if line.startswith("| KV budget per host"))
-        assert f"{budget_gib:.2f}GiB" in row
-        assert "KV budget per DP group" in text
+        assert "ESTIMATE, not measured" in text and "playbooks/baseline.yml" in text
         data = json.loads((build / "render" / cluster / "capacity.json").read_text())
         assert data["cluster"] == cluster
+        assert data["capacity"]["prefill"]["weights_fit"] is True
     plan = json.loads((build / "plan.json").read_text())
     assert plan["ok"] is True
 

@@ -7,12 +7,14 @@ import os
 
 import pytest
 
-from pd_deploy import (capacity, connectors, containers, fleet, logparse, ops, prechecks, report, rules,
-                       sizes, versions)
+from pd_deploy import (capacity, compat, connectors, containers, failures, fleet, logparse, netchecks, ops, prechecks,
+                       report, rules, secrets, sizes, versions)
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PLUGIN_DIR = os.path.join(REPO, "filter_plugins")
-MODULES = (sizes, capacity, logparse, versions, connectors, rules, fleet, containers, report, prechecks, ops)
+# ops is registered as one mapping; its steps are listed one by one so a name two steps claim is caught
+MODULES = (sizes, capacity, logparse, versions, connectors, rules, fleet, containers, report, prechecks, secrets,
+           *ops.STEPS, netchecks, failures, compat)
 GIB = 1024 ** 3
 
 
@@ -59,7 +61,8 @@ def test_fleet_input_reads_only_pd_variables_from_hostvars():
                        "group_names": ["c", "prefill"], "secret_password": "x"}}
     got = PLUGIN.fleet_input(hostvars, ["h1"], limit=("h1",))
     assert got == {"hosts": [{"name": "h1", "groups": ["c", "prefill"],
-                              "vars": {"pd_cluster": {"name": "c"}, "pd_npus": 8, "ansible_host": "10.0.0.1"}}],
+                              "vars": {"pd_cluster": {"name": "c"}, "pd_npus": 8, "ansible_host": "10.0.0.1"},
+                              "keys": ["pd_cluster", "pd_npus"]}],
                    "limit": ["h1"]}
 
 
@@ -91,8 +94,8 @@ def test_split_per_rank_through_ansible_gives_an_int(templar):
 
 @pytest.mark.ansible
 def test_to_bytes_through_ansible_supports_arithmetic(templar):
-    assert render(templar, '{{ ("1.5G" | pd_to_bytes) + 1 }}') == 3 * GIB // 2 + 1
-    assert render(templar, '{{ {"shm": "256g" | pd_to_bytes, "human": 274877906944 | pd_to_human} }}') == {
+    assert render(templar, '{{ ("1.5GiB" | pd_to_bytes) + 1 }}') == 3 * GIB // 2 + 1
+    assert render(templar, '{{ {"shm": "256gib" | pd_to_bytes, "human": 274877906944 | pd_to_human} }}') == {
         "shm": 256 * GIB, "human": "256GiB"}
 
 

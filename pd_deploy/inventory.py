@@ -1,0 +1,192 @@
+"""What the inventory may say about a host, and what it must say: fail closed, never guess.
+
+- Required host facts have no default: an IP address for HCCL (``pd_host_address`` or ``ansible_host``,
+  an IP literal: ``HCCL_IF_IP`` and the proxy's backend lists take it as is), the HCCL NIC
+  (``pd_hccl_if``) and the host's RAM (``pd_host_ram``). A missing one is a violation naming host, field
+  and fix.
+- Every ``pd_*`` variable a host sees must be known: a host fact (``HOST_FACTS``), ``pd_cluster``, a
+  public default of a role (``roles/*/defaults/main.yml``, kept equal to ``meta/argument_specs.yml`` by
+  tests/unit/test_schema.py) or a playbook switch of ``pd_deploy/data/variables.yml`` (the one
+  documented list). ``pd_hostram`` is refused by name instead of silently ignored.
+- Two host entries on one machine (``pd_machine``, default: the address) must not share NPUs, and the
+  pinned offload of every container of the machine must fit its RAM.
+"""
+
+import ipaddress
+import os
+
+import yaml
+
+from pd_deploy import datafiles, sizes
+from pd_deploy.errors import PdError
+
+#: Host facts the model reads (schemas/host.schema.json describes each).
+HOST_FACTS = ("pd_host_address", "pd_npus", "pd_npu_first", "pd_hbm_per_npu", "pd_npu_chip", "pd_host_ram",
+              "pd_host_ram_reserve", "pd_hccl_if", "pd_ascend_root", "pd_machine")
+#: Facts without a default: (field, what it is, how to fix).
+REQUIRED = (
+    ("pd_hccl_if", "the NIC HCCL, Gloo and TP sockets use (GLOO/TP/HCCL_SOCKET_IFNAME)",
+     "set pd_hccl_if: <interface> (e.g. enp189s0f0, the NIC that holds the host's HCCL address) in host_vars"),
+    ("pd_host_ram", "the host's RAM, which must hold the pinned CPU offload plus pd_host_ram_reserve",
+     "set pd_host_ram: <size> (e.g. 512GiB; `free -g` on the host) in host_vars"),
+)
+
+_ROLES_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "roles")
+
+
+def _v(level, where, field, message, fix):
+    return {"level": level, "where": where, "field": field, "message": message, "fix": fix}
+
+
+def documented_variables():
+    """{name: description} of pd_deploy/data/variables.yml: every playbook switch and shared variable."""
+    data = datafiles.yaml_data("variables.yml")
+    return {name: entry["description"] for name, entry in data["variables"].items()}
+
+
+def role_defaults(roles_dir=_ROLES_DIR):
+    """Names of every role's public defaults and argument_specs options (``pd_<role>_*``)."""
+    names = set()
+    if not os.path.isdir(roles_dir):
+        return names
+    for role in sorted(os.listdir(roles_dir)):
+        defaults = os.path.join(roles_dir, role, "defaults", "main.yml")
+        specs = os.path.join(roles_dir, role, "meta", "argument_specs.yml")
+        if os.path.exists(defaults):
+            with open(defaults, encoding="utf-8") as handle:
+                names.update((yaml.safe_load(handle) or {}).keys())
+        if os.path.exists(specs):
+            with open(specs, encoding="utf-8") as handle:
+                for entry in ((yaml.safe_load(handle) or {}).get("argument_specs") or {}).values():
+                    names.update((entry.get("options") or {}).keys())
+    return names
+
+
+def known_variables():
+    """Every ``pd_*`` name a host may carry: host facts, pd_cluster, role defaults, documented switches."""
+    return set(HOST_FACTS) | {"pd_cluster"} | role_defaults() | set(documented_variables())
+
+
+def unknown_keys(hosts_keys, known):
+    """Violations for the ``pd_*`` names no role, fact or switch defines; ``hosts_keys`` is
+    {host: [key names]}. A name many hosts carry (group_vars, -e) is reported once."""
+    seen = {}
+    for host, keys in hosts_keys.items():
+        for key in keys:
+            if isinstance(key, str) and key.startswith("pd_") and key not in known:
+                seen.setdefault(key, []).append(host)
+    out = []
+    for key in sorted(seen):
+        names = seen[key]
+        host = ", ".join(names) if len(names) <= 3 else f"{names[0]} and {len(names) - 1} other hosts"
+        close = sorted(k for k in known if _close(key, k))
+        hint = f"did you mean {' or '.join(close[:3])}? " if close else ""
+        out.append(_v("error", host, key, f"unknown variable {key!r}: no role, host fact or playbook switch reads it",
+                      f"{hint}remove or rename it (host facts: schemas/host.schema.json; switches: "
+                      "pd_deploy/data/variables.yml; role variables: roles/*/defaults/main.yml)"))
+    return out
+
+
+def _close(a, b):
+    """Crude typo match: same letters once underscores are dropped, or one edit apart."""
+    x, y = a.replace("_", ""), b.replace("_", "")
+    if x == y:
+        return True
+    if abs(len(x) - len(y)) > 1:
+        return False
+    if len(x) == len(y):
+        diff = [i for i, (p, q) in enumerate(zip(x, y)) if p != q]
+        swapped = len(diff) == 2 and diff[1] == diff[0] + 1 and x[diff[0]] == y[diff[1]] and x[diff[1]] == y[diff[0]]
+        return len(diff) == 1 or swapped
+    short, long_ = (x, y) if len(x) < len(y) else (y, x)
+    return any(long_[:i] + long_[i + 1:] == short for i in range(len(long_)))
+
+
+def host_address(name, hv):
+    """The host's IP literal for HCCL_IF_IP and the proxy's backend lists, or raise PdError."""
+    value = hv.get("pd_host_address")
+    field = "pd_host_address"
+    if value is None:
+        value, field = hv.get("ansible_host"), "ansible_host"
+    if value is None:
+        raise PdError(name, "pd_host_address",
+                      "no IP address: neither pd_host_address nor ansible_host is set (HCCL_IF_IP needs the "
+                      "host's address, not its inventory name)",
+                      "set ansible_host: <IP> or pd_host_address: <IP of the HCCL NIC> in host_vars")
+    try:
+        return str(ipaddress.ip_address(str(value).strip()))
+    except ValueError:
+        raise PdError(name, field, f"{value!r} is not an IP address (HCCL_IF_IP and the proxy need an IP literal)",
+                      "set pd_host_address: <IP of the HCCL NIC> (keep ansible_host as the SSH name if you like)") \
+            from None
+
+
+def fact_violations(name, hv):
+    """Violations for missing or unusable required host facts (no silent default)."""
+    out = []
+    try:
+        host_address(name, hv)
+    except PdError as exc:
+        out.append(_v("error", exc.where, exc.field, exc.problem, exc.fix))
+    for field, what, fix in REQUIRED:
+        if hv.get(field) is None:
+            out.append(_v("error", name, field, f"missing: {what} has no default", fix))
+    for field in ("pd_hbm_per_npu", "pd_host_ram"):
+        try:
+            zero = hv.get(field) is not None and sizes.to_bytes(hv[field], field=field, where=name) == 0
+        except PdError:
+            zero = False  # the shape check names the bad value
+        if zero:
+            out.append(_v("error", name, field, "is 0: no capacity can be planned with it",
+                          f"set {field} to the host's real value (e.g. 64GiB HBM per 910B3 NPU)"))
+    root = hv.get("pd_ascend_root")
+    if isinstance(root, str) and root and not root.startswith("/"):
+        out.append(_v("error", name, "pd_ascend_root", f"{root!r} is a relative path (Docker would resolve it "
+                      "against its own working directory)", "write an absolute path, or leave it empty for /"))
+    return out
+
+
+def machine_violations(hosts, specs):
+    """Two host entries on one machine sharing NPUs, or pinned offload the machine's RAM cannot hold.
+
+    ``hosts`` are host records (name, machine, npus, npu_first, ram_bytes, ram_reserve_bytes); ``specs``
+    every launch spec of the fleet (host, pinned_offload_bytes).
+    """
+    out = []
+    machines = {}
+    for host in hosts:
+        machines.setdefault(host["machine"], []).append(host)
+    pinned = {}
+    for spec in specs:
+        pinned[spec["host"]] = pinned.get(spec["host"], 0) + (spec.get("pinned_offload_bytes") or 0)
+    for machine, members in machines.items():
+        if len(members) < 2:
+            continue
+        names = ", ".join(h["name"] for h in members)
+        for i, a in enumerate(members):
+            a_devs = set(range(a["npu_first"], a["npu_first"] + a["npus"]))
+            for b in members[i + 1:]:
+                shared = sorted(a_devs & set(range(b["npu_first"], b["npu_first"] + b["npus"])))
+                if shared:
+                    out.append(_v("error", b["name"], "pd_npu_first",
+                                  f"{a['name']} and {b['name']} are one machine ({machine}) and both claim NPU(s) "
+                                  f"{_ranges(shared)}",
+                                  "list each machine once, or give the entries disjoint NPUs (pd_npu_first / "
+                                  "pd_npus), or set pd_machine if they really are different machines"))
+        total = sum(pinned.get(h["name"], 0) for h in members)
+        ram = min(h["ram_bytes"] for h in members)
+        reserve = max(h["ram_reserve_bytes"] for h in members)
+        if total and total + reserve > ram:
+            out.append(_v("error", members[0]["name"], "pd_host_ram",
+                          f"{names} are one machine ({machine}): their containers pin {sizes.to_human(total)} of "
+                          f"offload together, plus pd_host_ram_reserve {sizes.to_human(reserve)}, above its RAM "
+                          f"{sizes.to_human(ram)}",
+                          "lower cpu_offload of the roles sharing the machine, or list the machine once"))
+    return out
+
+
+def _ranges(ids):
+    return ",".join(str(i) for i in ids[:8]) + (" ..." if len(ids) > 8 else "")
+
+
+FILTERS = {}

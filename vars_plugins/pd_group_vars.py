@@ -1,0 +1,59 @@
+"""host_group_vars that names the file and line of a YAML error.
+
+ansible-core 2.19's ``host_group_vars`` (plugins/vars/host_group_vars.py, ``get_vars``) catches every
+exception while loading group_vars/ and host_vars/ and raises ``AnsibleParserError(to_native(e))``:
+the message keeps "YAML parsing failed: ..." but drops the origin (path, line, column) the YAML loader
+attached, so an operator reads neither file nor line. This plugin loads the same files the same way
+(it is the built-in plugin) and, on failure, raises an error that starts with ``path:line:column``.
+ansible.cfg enables it in place of the built-in one (``vars_plugins_enabled``).
+"""
+
+from ansible.errors import AnsibleParserError
+from ansible.plugins.vars.host_group_vars import VarsModule as _BuiltinVarsModule
+
+DOCUMENTATION = """
+    name: pd_group_vars
+    short_description: group_vars/host_vars like the built-in plugin, with file and line in YAML errors
+    description:
+      - Loads group_vars/ and host_vars/ next to the inventory and the playbook, as host_group_vars does.
+      - A file that cannot be parsed fails the run with its path, line and column.
+    options:
+      stage:
+        ini:
+          - key: stage
+            section: vars_pd_group_vars
+        env:
+          - name: ANSIBLE_VARS_PLUGIN_STAGE
+    extends_documentation_fragment:
+      - vars_plugin_staging
+"""
+
+
+def _origin(exc):
+    """path:line:column of the first exception in the chain that carries a source origin."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        obj = getattr(exc, "obj", None)
+        path = getattr(obj, "path", None)
+        if path:
+            line, col = getattr(obj, "line_num", None), getattr(obj, "col_num", None)
+            where = path + (f":{line}" if line else "") + (f":{col}" if line and col else "")
+            return where, getattr(exc, "_original_message", None) or str(exc)
+        exc = exc.__cause__ or exc.__context__
+    return None, None
+
+
+class VarsModule(_BuiltinVarsModule):
+    """The built-in loader; only its error message changes."""
+
+    def get_vars(self, loader, path, entities, cache=True):
+        try:
+            return super().get_vars(loader, path, entities, cache=cache)
+        except AnsibleParserError as exc:
+            where, message = _origin(exc.__cause__ or exc.__context__)
+            if where is None:
+                raise
+            raise AnsibleParserError(
+                f"{where}: {message} Fix this group_vars/host_vars file (indentation, quoting) and run again."
+            ) from None
