@@ -67,17 +67,24 @@ def docker(socket_path, method, path, timeout=10.0):
 
 
 def container_gone(socket_path, name):
-    """Why the container ``name`` will never answer (it exited or is dead), else None.
+    """Why the container ``name`` will not answer (exited, dead, crash-looping, removed), else None.
 
-    None also when the engine cannot be asked, or the container is running, restarting (a restart
-    policy brings it back) or not created yet: then only the check's deadline ends the wait.
+    A crash loop: Docker is restarting it, or has restarted it since it was started (``RestartCount``
+    counts restarts since the last start by the API, so a container started by this run begins at 0).
+    None also when the engine cannot be asked: then only the check's deadline ends the wait.
     """
     status, body, _ = docker(socket_path, "GET", f"/containers/{urllib.parse.quote(name, safe='')}/json")
-    state = ((body or {}).get("State") or {}) if status == 200 else {}
-    if state.get("Status") in ("exited", "dead") and not state.get("Restarting"):
-        return f"container {state['Status']} (exit code {state.get('ExitCode')})"
     if status == 404:
         return "container does not exist"
+    if status != 200 or not isinstance(body, dict):
+        return None
+    state = body.get("State") or {}
+    restarts = body.get("RestartCount") or 0
+    if state.get("Restarting") or restarts:
+        return (f"container is crash-looping (exit code {state.get('ExitCode')}, restarted {restarts} "
+                "time(s) by its restart policy)")
+    if state.get("Status") in ("exited", "dead"):
+        return f"container {state['Status']} (exit code {state.get('ExitCode')})"
     return None
 
 

@@ -92,20 +92,74 @@ def spec_state(spec, observed):
     return "current" if found.get("running") else "stopped"
 
 
+PREVIOUS = "-previous"
+
+
+def replacement_plan(specs, containers, _where="pd_replacement_plan"):
+    """What the container role does for each spec, from what runs on the host: a state machine that
+    also finishes or rolls back a replacement an earlier run left half done.
+
+    A replacement keeps the old container, stopped, as ``<name>-previous`` until the new one answers
+    its health URL. Per spec, with S = the container under its name and P = ``<name>-previous``:
+
+    - no P: S runs the spec -> nothing; S absent or not running (exited, created, restarting: a crash
+      loop is not running) with the spec -> start; S with another spec (or not ours) -> keep S as P
+      (``preserve``), then start.
+    - P left by an earlier run: S runs the spec -> ``finish`` (health wait; healthy -> P removed, else
+      rolled back to P); S runs another spec -> P is stale, S is kept as the new P as above; S absent
+      or not running -> the earlier run stopped between the rename and a healthy S (``interrupted``):
+      S is removed if present (``remove``), started afresh, and P is the rollback target.
+
+    Returns {start: [specs passed to docker_container], wait: [specs health-waited: start + finish],
+    preserve: [names stopped and renamed to P], remove: [names whose S is removed first],
+    previous: [names with a P after this step: the rollback targets, removed once healthy],
+    finish: [names], interrupted: [names]}.
+    """
+    observed = _observed(containers, _where)
+    plan = {k: [] for k in ("start", "wait", "preserve", "remove", "previous", "finish", "interrupted")}
+    for spec in specs:
+        name = spec["name"]
+        state = spec_state(spec, observed)
+        kept = observed.get(name + PREVIOUS)
+        current = observed.get(name)
+        running = bool(current and current.get("running"))
+        if kept is not None and state == "current":
+            plan["finish"].append(name)
+            plan["previous"].append(name)
+            plan["wait"].append(spec)
+            continue
+        if state == "current":
+            continue
+        if kept is not None and not running:
+            plan["interrupted"].append(name)
+            if current is not None:
+                plan["remove"].append(name)
+            plan["previous"].append(name)
+        elif state == "changed":
+            plan["preserve"].append(name)
+            plan["previous"].append(name)
+        plan["start"].append(spec)
+        plan["wait"].append(spec)
+    return plan
+
+
 def containers_to_start(specs, containers):
-    """Specs whose container is not running them now: the only ones docker_container is called for."""
-    observed = _observed(containers, "pd_containers_to_start")
-    return [s for s in specs if spec_state(s, observed) != "current"]
+    """Specs that need work on this host: not running their spec, or a replacement left half done."""
+    plan = replacement_plan(specs, containers, "pd_containers_to_start")
+    todo = {s["name"] for s in plan["wait"]}
+    return [s for s in specs if s["name"] in todo]
 
 
 def containers_to_replace(specs, containers):
-    """Names of existing containers whose ``pd.spec-hash`` label differs from their spec.
+    """Names of running containers whose ``pd.spec-hash`` label differs from their spec (or that are not
+    ours): stopped and kept as ``<name>-previous`` until the new one is healthy."""
+    return replacement_plan(specs, containers, "pd_containers_to_replace")["preserve"]
 
-    Those containers are stopped and kept as ``<name>-previous`` until the new one is healthy.
-    A container of that name without our label (started by hand) is replaced too.
-    """
-    observed = _observed(containers, "pd_containers_to_replace")
-    return [s["name"] for s in specs if spec_state(s, observed) == "changed"]
+
+def running_previous(containers):
+    """Kept previous containers that run (a restart policy or a daemon restart started them)."""
+    return [c["name"] for c in _observed(containers, "pd_running_previous").values()
+            if c["name"].endswith(PREVIOUS) and c.get("state") in ("running", "restarting")]
 
 
 def probe_specs(specs):
@@ -222,6 +276,7 @@ FILTERS = {
     "pd_host_specs": host_specs,
     "pd_containers_to_start": containers_to_start,
     "pd_containers_to_replace": containers_to_replace,
+    "pd_replacement_plan": replacement_plan,
     "pd_probe_specs": probe_specs,
     "pd_health_checks": health_checks,
     "pd_unhealthy_specs": unhealthy_specs,

@@ -469,6 +469,19 @@ def rollout_targets(plan, probes, play_hosts):
             "changed": changed, "unchanged": [c for c in touched if c not in changed], "pending": pending}
 
 
+def lock_hosts(plan, play_hosts):
+    """[{cluster, host}] for the clusters of ``play_hosts``: each cluster's deploy lock lives on its first
+    host in sorted order among all of the cluster's hosts (the same host whatever --limit says)."""
+    out = []
+    for name in play_hosts:
+        entry = plan["hosts"].get(name)
+        if entry is None or any(o["cluster"] == entry["cluster"] for o in out):
+            continue
+        members = sorted(h for h, e in plan["hosts"].items() if e["cluster"] == entry["cluster"])
+        out.append({"cluster": entry["cluster"], "host": members[0]})
+    return out
+
+
 def human(n):
     """Bytes as a short binary size for summaries."""
     return sizes.to_human(n)
@@ -478,4 +491,5 @@ FILTERS = {
     "pd_fleet_plan": plan_fleet,
     "pd_shape_violations": shape_violations,
     "pd_rollout_targets": rollout_targets,
+    "pd_lock_hosts": lock_hosts,
 }

@@ -9,7 +9,7 @@ import base64
 import re
 
 from pd_deploy import sizes
-from pd_deploy.containers import port_conflicts, sick_current
+from pd_deploy.containers import PREVIOUS, port_conflicts, running_previous, sick_current
 
 
 def required_paths(specs):
@@ -134,7 +134,15 @@ def problems(facts):
                    "start Docker (systemctl start docker) or set pd_docker_socket (inventory or -e) to its socket")
     if facts.get("checks", True):
         out.extend(_host_problems(facts, probe))
-    out.extend(sick_current(specs, probe))
+    found = probe.get("containers") if isinstance(probe.get("containers"), list) else []
+    kept = {c.get("name") for c in found}
+    # a rank beside its kept previous container is an interrupted replacement: the rollout health-waits
+    # it and restores the previous one if it does not answer, so it does not stop the deploy here
+    out.extend(sick_current([s for s in specs if s["name"] + PREVIOUS not in kept], probe))
+    for name in running_previous(found):
+        out.append(f"{name} is running: a kept previous container must stay stopped (it uses the same port "
+                   "and NPUs as its rank; a restart policy or a daemon restart started it) — stop it "
+                   f"(docker stop {name}); the next deploy then restores it or removes it")
     return [f"{host}: {p}" for p in out]
 
 

@@ -130,8 +130,10 @@ fi
 failure_excerpt() {
   local s="$1"
   log "---- why $s failed (from $LOG_DIR/$s.log; full log there) ----"
-  grep -n -A 25 -E '^(fatal|failed): |FAILED!|^CRITICAL|^ERROR|Traceback|unreachable=[1-9]|failed=[1-9]' \
-    "$LOG_DIR/$s.log" | grep -v -E '^[0-9]+-\s*$' | tail -n 200 >&2
+  # Molecule's console output is coloured and boxed: strip the colours before matching
+  # (and the container dump appended after a failure is left out: it is printed above)
+  sed -e 's/\x1b\[[0-9;]*[A-Za-z]//g' -e '/\[run-molecule\] docker ps -a:/,$d' "$LOG_DIR/$s.log" \
+    | grep -n -A 30 -E 'fatal: \[|FAILED!|^CRITICAL|Traceback' | tail -n 150 >&2
 }
 
 failed=0

@@ -186,3 +186,61 @@ def test_rollback_message_says_when_the_restored_container_is_not_healthy_either
     sick = containers.rollback_message([bad], {}, ["pd-c-decode0-dp0"], "h", ["pd-c-decode0-dp0"])
     assert "previous container restored and healthy" in healthy
     assert "does not answer its health URL either" in sick and "restored and healthy" not in sick
+
+
+# ---- replacement_plan: a replacement an earlier run left half done ---------------------------------
+
+def _plan(specs, observed):
+    plan = containers.replacement_plan(specs, observed)
+    return {k: ([s["name"] for s in v] if k in ("start", "wait") else v) for k, v in plan.items() if v}
+
+
+def test_a_fresh_change_keeps_the_running_container_as_previous():
+    assert _plan([spec("r", "new")], [seen("r", "old")]) == {
+        "start": ["r"], "wait": ["r"], "preserve": ["r"], "previous": ["r"]}
+
+
+def test_killed_after_the_rename_the_previous_is_the_rollback_target():
+    # an earlier run renamed r to r-previous and was stopped before starting r
+    assert _plan([spec("r", "new")], [seen("r-previous", "old", running=False)]) == {
+        "start": ["r"], "wait": ["r"], "previous": ["r"], "interrupted": ["r"]}
+
+
+@pytest.mark.parametrize("state", ["exited", "restarting", "created"])
+def test_killed_during_the_health_wait_the_new_container_is_started_afresh(state):
+    # r runs the new spec but is not running (it crashed, loops, or was never started): removed first
+    observed = [dict(seen("r", "new", running=False), state=state), seen("r-previous", "old", running=False)]
+    assert _plan([spec("r", "new")], observed) == {
+        "start": ["r"], "wait": ["r"], "remove": ["r"], "previous": ["r"], "interrupted": ["r"]}
+
+
+def test_a_new_container_running_beside_its_previous_is_waited_for_then_finished():
+    observed = [seen("r", "new"), seen("r-previous", "old", running=False)]
+    # not started again; health-waited, then the previous is removed (or restored if unhealthy)
+    assert _plan([spec("r", "new")], observed) == {"wait": ["r"], "previous": ["r"], "finish": ["r"]}
+    # and the cluster counts as one to roll
+    assert [s["name"] for s in containers.containers_to_start([spec("r", "new")], observed)] == ["r"]
+
+
+def test_a_stale_previous_beside_a_running_old_container_is_replaced_by_it():
+    observed = [seen("r", "old"), seen("r-previous", "older", running=False)]
+    assert _plan([spec("r", "new")], observed) == {
+        "start": ["r"], "wait": ["r"], "preserve": ["r"], "previous": ["r"]}
+
+
+def test_an_interrupted_run_then_a_new_spec_rolls_back_to_the_last_healthy_container():
+    # run 1 kept old as r-previous and started r (spec 1), which crashed; run 2 brings spec 2
+    observed = [seen("r", "spec1", running=False), seen("r-previous", "old", running=False)]
+    assert _plan([spec("r", "spec2")], observed) == {
+        "start": ["r"], "wait": ["r"], "remove": ["r"], "previous": ["r"], "interrupted": ["r"]}
+
+
+def test_a_crash_looping_container_of_the_current_spec_is_not_running():
+    observed = [dict(seen("r", "h", running=False), state="restarting")]
+    assert _plan([spec("r", "h")], observed) == {"start": ["r"], "wait": ["r"]}
+
+
+def test_running_previous_names_previous_containers_that_run():
+    observed = [seen("a-previous", "x"), dict(seen("b-previous", "x", running=False), state="restarting"),
+                seen("c-previous", "x", running=False), seen("d", "x")]
+    assert containers.running_previous(observed) == ["a-previous", "b-previous"]

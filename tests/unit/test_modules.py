@@ -239,14 +239,19 @@ def test_wait_all_stops_waiting_for_a_check_whose_container_exited():
 def test_container_gone_reads_the_state_from_the_docker_api(monkeypatch):
     answers = {
         "/containers/run/json": (200, {"State": {"Status": "running", "Running": True}}, ""),
-        "/containers/loop/json": (200, {"State": {"Status": "restarting", "Restarting": True, "ExitCode": 1}}, ""),
+        "/containers/loop/json": (200, {"State": {"Status": "restarting", "Restarting": True, "ExitCode": 1},
+                                        "RestartCount": 2}, ""),
+        "/containers/back/json": (200, {"State": {"Status": "running", "ExitCode": 0}, "RestartCount": 1}, ""),
         "/containers/out/json": (200, {"State": {"Status": "exited", "ExitCode": 2}}, ""),
         "/containers/none/json": (404, {"message": "No such container: none"}, ""),
         "/containers/down/json": (0, None, "cannot reach the Docker engine"),
     }
     monkeypatch.setattr(pd_http, "docker", lambda sock, method, path: answers[path])
     assert pd_http.container_gone("/s", "run") is None
-    assert pd_http.container_gone("/s", "loop") is None  # Docker restarts it: only the deadline ends the wait
+    # a crash loop, caught while Docker restarts it or after it came back
+    assert pd_http.container_gone("/s", "loop") == ("container is crash-looping (exit code 1, restarted 2 time(s) "
+                                                    "by its restart policy)")
+    assert pd_http.container_gone("/s", "back").startswith("container is crash-looping")
     assert pd_http.container_gone("/s", "out") == "container exited (exit code 2)"
     assert pd_http.container_gone("/s", "none") == "container does not exist"
     assert pd_http.container_gone("/s", "down") is None

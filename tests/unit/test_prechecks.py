@@ -201,6 +201,28 @@ def test_a_healthy_running_rank_is_no_problem():
     assert prechecks.problems(facts) == []
 
 
+def test_an_unhealthy_rank_beside_its_kept_previous_is_left_to_the_rollout():
+    # an interrupted replacement: the rollout waits for it and restores the previous one if needed
+    facts = good_facts()
+    spec = facts["specs"][0]
+    facts["probe"]["health"] = [{"name": spec["name"], "url": spec["health_url"], "ok": False, "status": 503}]
+    assert len(prechecks.problems(facts)) == 1 and "does not answer" in prechecks.problems(facts)[0]
+    facts["probe"]["containers"] = [{"name": spec["name"] + "-previous", "state": "exited", "running": False,
+                                     "hash": "old"}]
+    assert prechecks.problems(facts) == []
+
+
+@pytest.mark.parametrize("state", ["running", "restarting"])
+def test_a_previous_container_that_runs_is_a_problem(state):
+    facts = good_facts()
+    name = facts["specs"][0]["name"] + "-previous"
+    facts["probe"]["containers"] = [{"name": name, "state": state, "running": state == "running", "hash": "old"}]
+    found = prechecks.problems(facts)
+    assert len(found) == 1
+    assert found[0].startswith(f"{facts['host']}: {name} is running: a kept previous container must stay stopped")
+    assert f"docker stop {name}" in found[0]
+
+
 def test_helpers_read_real_command_output():
     assert prechecks.npu_count(NPU_SMI) == 8
     assert prechecks.npu_count("") is None

@@ -1,0 +1,126 @@
+"""Action plugin of the pd_deploy_lock module: who this run is, and whether another holder is live.
+
+The module runs on the cluster's lock host and only takes, reports or gives back the lock file. This
+plugin runs on the controller, so it can name this run (controller, user, ansible-playbook's process id
+and that process's start time) and tell, for a lock held by another run of this same controller,
+whether that run still exists. A lock held by another run:
+
+- live (its process runs on this controller) -> refused, even with pd_deploy_break_lock;
+- stale (its process is gone: killed, or its host was lost before it could give the lock back) or
+  held from another controller (cannot be checked from here) -> refused with the holder named and
+  the way to break it: -e pd_deploy_break_lock=true. A lock is never broken without that flag.
+"""
+
+import datetime
+import getpass
+import os
+import socket
+
+from ansible.errors import AnsibleActionFail
+from ansible.module_utils.parsing.convert_bool import boolean
+from ansible.plugins.action import ActionBase
+from ansible.utils.display import Display
+
+display = Display()
+
+
+def process_start(pid):
+    """Start time of ``pid`` in clock ticks since boot (Linux /proc), or None."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as handle:
+            return int(handle.read().rsplit(")", 1)[1].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def this_run(now=None):
+    """The holder record of this ansible-playbook run (the workers' parent process)."""
+    pid = os.getppid()
+    start = process_start(pid)
+    controller = socket.gethostname()
+    started = (now or datetime.datetime.now(datetime.timezone.utc)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = str(os.getuid())
+    return {"run_id": f"{controller}:{pid}:{start}", "controller": controller, "user": user, "pid": pid,
+            "pid_start": start, "started": started}
+
+
+def holder_state(holder, controller, alive=None):
+    """``live``, ``stale`` or ``unknown`` (another controller, or an unreadable lock file)."""
+    if not holder or holder.get("controller") != controller or not isinstance(holder.get("pid"), int):
+        return "unknown"
+    alive = alive or _alive
+    return "live" if alive(holder["pid"], holder.get("pid_start")) else "stale"
+
+
+def _alive(pid, start):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    return start is None or process_start(pid) in (None, start)
+
+
+def describe(holder):
+    if not holder:
+        return "an unreadable lock file (a run killed while writing it)"
+    return (f"{holder.get('user', '?')}@{holder.get('controller', '?')}, ansible-playbook pid {holder.get('pid', '?')}, "
+            f"started {holder.get('started', '?')}")
+
+
+def refusal(cluster, lock_host, path, holder, state, break_asked):
+    """The message of a deploy that finds the cluster locked by another run."""
+    who = describe(holder)
+    head = f"cluster {cluster}: its deploy lock ({lock_host}:{path}) is held by another run: {who}."
+    if state == "live":
+        extra = (" That run is still going on this controller; wait for it to end" +
+                 (" (pd_deploy_break_lock does not break the lock of a run that is alive)." if break_asked else "."))
+        return head + extra
+    if state == "stale":
+        why = ("That process is gone from this controller: the run was killed or lost its hosts before it "
+               "could give the lock back, and may have left a replacement half done (the next deploy "
+               "finishes it or restores the previous container).")
+    else:
+        why = ("It cannot be checked from this controller; if no deploy of this cluster runs (check "
+               f"with {holder.get('user', 'its user') if holder else 'its owner'} on "
+               f"{holder.get('controller', 'that controller') if holder else 'the controller that ran it'}),")
+    return f"{head} {why} Re-run with -e pd_deploy_break_lock=true to break it; nothing was changed."
+
+
+class ActionModule(ActionBase):
+    """Fills in the holder; refuses (or, when asked, breaks) a lock held by another run."""
+
+    TRANSFERS_FILES = False
+
+    def run(self, tmp=None, task_vars=None):
+        task_vars = task_vars or {}
+        result = super().run(tmp, task_vars)
+        args = dict(self._task.args)
+        break_asked = boolean(args.pop("break_lock", task_vars.get("pd_deploy_break_lock", False)), strict=False)
+        host = args.pop("lock_host", None) or task_vars.get("inventory_hostname", "?")
+        run = task_vars.get("_pd_deploy_lock_run") or this_run()
+        args["holder"] = run
+        module = self._task.action or "pd_deploy_lock"
+        got = self._execute_module(module, module_args=args, task_vars=task_vars)
+        mode = args.get("state", "acquired")
+        holder = got.get("holder")
+        # released, ours, or free (a check, or check mode): nothing to refuse
+        if got.get("failed") or mode == "released" or got.get("acquired") or holder is None:
+            result.update(got)
+            return result
+        state = holder_state(holder, run["controller"])
+        if break_asked and state != "live" and mode == "checked":
+            result.update(got)
+            return result
+        if break_asked and state != "live":
+            got = self._execute_module(module, module_args=dict(args, force=True), task_vars=task_vars)
+            if got.get("acquired"):
+                got["msg"] = f"broke the deploy lock of cluster {args.get('cluster')} held by {describe(holder)}"
+                display.warning(got["msg"])
+            result.update(got)
+            return result
+        raise AnsibleActionFail(refusal(args.get("cluster"), host, got.get("path"), holder, state, break_asked))
