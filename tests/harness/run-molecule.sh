@@ -18,9 +18,11 @@
 #   PD_FAKE_NPUS     NPUs in that tree (default 8)
 #   MOLECULE         molecule command (default: the repo's .venv/bin/molecule, else PATH)
 #   PD_MOLECULE_LOGS directory for per-scenario logs (default /tmp/pd-molecule-logs)
-#   PD_MOLECULE_SIDE_LANE  scenarios run in the background beside the others when more than one
-#                    scenario runs (default "real-engine": it mostly waits for the real vLLM; its
-#                    ports, cluster and instances are its own); "" runs every scenario in order
+#   PD_MOLECULE_SIDE_LANE  scenarios run one after the other in a background lane beside the others
+#                    when more than one scenario runs (default "real-engine ops": real-engine mostly
+#                    waits for the real vLLM, and the two lanes take about as long; ports, clusters and
+#                    instances of the side lane are their own, tests/render/test_molecule_inventories.py
+#                    checks the ports); "" runs every scenario in order
 # Exit status: 0 when every scenario passed, 1 otherwise.
 set -uo pipefail  # no -e: one failed scenario must not stop the others
 
@@ -96,7 +98,7 @@ side=()
 main_lane=()
 for s in "${scenarios[@]}"; do
   rm -f "$LOG_DIR/$s.result"
-  if [[ " ${PD_MOLECULE_SIDE_LANE-real-engine} " == *" $s "* ]] && ((${#scenarios[@]} > 1)); then
+  if [[ " ${PD_MOLECULE_SIDE_LANE-real-engine ops} " == *" $s "* ]] && ((${#scenarios[@]} > 1)); then
     side+=("$s")
   else
     main_lane+=("$s")
