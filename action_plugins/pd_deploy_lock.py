@@ -88,7 +88,7 @@ def refusal(cluster, lock_host, path, holder, state, break_asked):
         why = ("It cannot be checked from this controller; if no deploy of this cluster runs (check "
                f"with {holder.get('user', 'its user') if holder else 'its owner'} on "
                f"{holder.get('controller', 'that controller') if holder else 'the controller that ran it'}),")
-    return f"{head} {why} Re-run with -e pd_deploy_break_lock=true to break it; nothing was changed."
+    return f"{head} {why} Re-run with -e pd_deploy_break_lock=true to break it; this cluster was not touched."
 
 
 class ActionModule(ActionBase):

@@ -55,6 +55,14 @@ def request(url, method="GET", body=None, timeout=5.0):
     return _exchange(conn, method, path, body, timeout)
 
 
+def docker_raw(socket_path, path, timeout=30.0):
+    """One GET on the Docker Engine API: (status, body bytes, error text), the body as sent (logs)."""
+    status, raw, error = _exchange(UnixHTTPConnection(socket_path, timeout), "GET", path, None, timeout)
+    if error:
+        return 0, b"", f"cannot reach the Docker engine at unix://{socket_path}: {error}"
+    return status, raw, ""
+
+
 def docker(socket_path, method, path, timeout=10.0):
     """One Docker Engine API call: (status, parsed JSON or None, error text)."""
     status, raw, error = _exchange(UnixHTTPConnection(socket_path, timeout), method, path, None, timeout)

@@ -73,7 +73,7 @@ def test_a_lock_left_by_a_gone_run_refuses_until_broken_explicitly(tmp_path):
     assert second["failed"] and "the run was killed or lost its hosts" in second["msg"]
     assert f"ansible-playbook pid {holder['pid']}" in second["msg"] and "pd_deploy_break_lock=true" in second["msg"]
     assert json.loads(path.read_text()) == holder  # untouched
-    # a check (prechecks) refuses the same way, and lets a deploy that asks to break it go on
+    # a check (state=checked: a look without taking it) refuses the same way, and lets a run that asks to break it go on
     assert lock(tmp_path, state="checked")["failed"]
     assert not lock(tmp_path, "-e", "pd_deploy_break_lock=true", state="checked").get("failed")
     broke = lock(tmp_path, "-e", "pd_deploy_break_lock=true")

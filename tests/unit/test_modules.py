@@ -423,3 +423,31 @@ def test_pd_host_probe_reads_the_npu_table_the_prechecks_judge(tmp_path, conf, c
     table = prechecks.npu_table(result["npu_smi_info"]["stdout"])
     assert [(row["name"], row["hbm_mb"]) for row in table] == [(name, hbm_mb)] * chips
     assert prechecks.npu_model_problems(table, name, hbm_mb * 1024 ** 2) == []
+
+
+def test_container_logs_read_every_name_in_one_run(monkeypatch):
+    logs_mod = load("pd_container_logs")
+    body = bytes([1, 0, 0, 0, 0, 0, 0, 6]) + b"hello\n"
+    seen = []
+
+    def raw(sock, path):
+        seen.append(path)
+        if path.startswith("/containers/a/logs?"):
+            return 200, body, ""
+        if path.startswith("/containers/gone/logs?"):
+            return 404, b'{"message":"No such container: gone"}', ""
+        return 0, b"", "cannot reach the Docker engine at unix:///s: refused"
+
+    monkeypatch.setattr(logs_mod, "docker_raw", raw)
+    out = logs_mod.read_logs("/s", ["a", "gone", "down"], "40")
+    assert seen[0] == "/containers/a/logs?stdout=1&stderr=1&tail=40"
+    assert [e["status"] for e in out] == [200, 404, 0]
+    assert out[1]["error"] == "Docker API answered HTTP 404" and "content" not in out[1]
+    # the controller's filter de-frames the bodies and leaves out what could not be read
+    from pd_deploy import containers
+    assert containers.docker_logs(out) == {"a": "hello\n"}
+
+
+def test_docker_raw_returns_the_body_as_sent(docker_socket):
+    status, body, error = pd_http.docker_raw(docker_socket, "/images/nope/json")
+    assert (status, json.loads(body), error) == (404, {"message": "No such image"}, "")
