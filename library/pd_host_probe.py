@@ -125,8 +125,13 @@ images_missing:
 hccn:
   description: With O(hccn), tool_error (why hccn_tool could not run, or empty), conf (hccn.conf text or null),
     devices ({"N" -> {link, net_health, ip, tls} each rc, stdout, stderr}), ping (device, address, rc, stdout,
-    stderr); null without O(hccn).
+    stderr), skipped (why no hccn_tool call was made: only hccn.conf was read); null without O(hccn).
   type: dict
+  returned: always
+skipped_checks:
+  description: Why the hccn_tool queries and the compat readings were not made (every container of the host
+    runs its launch spec, so this run starts nothing here), else empty. hccn.conf is still read.
+  type: str
   returned: always
 compat:
   description: With O(compat), images ({ref -> {history (CreatedBy of each layer), env, labels}}), driver_info and
@@ -218,6 +223,12 @@ def missing_images(socket_path, images):
     return out
 
 
+def starting(specs, containers):
+    """Names of ``specs`` whose container does not run them now (absent, stopped, another hash)."""
+    running = {c["name"]: c["hash"] for c in containers if c["running"]}
+    return [s["name"] for s in specs if running.get(s["name"]) != s.get("hash")]
+
+
 def current_checks(specs, containers, probe_timeout):
     """Health checks of the specs whose container runs their current hash."""
     running = {c["name"]: c["hash"] for c in containers if c["running"]}
@@ -264,18 +275,24 @@ HCCN_QUERIES = ("link", "net_health", "ip", "tls")
 HCCN_WORKERS = 8
 
 
-def run_hccn(module, spec):
-    """Run the read-only hccn_tool queries of ``spec`` (the O(hccn) option); None when not asked."""
+def run_hccn(module, spec, skip=""):
+    """Run the read-only hccn_tool queries of ``spec`` (the O(hccn) option); None when not asked.
+
+    With ``skip`` (why: every rank of the host runs its spec) only hccn.conf is read, the addresses the
+    prefill hosts of a rolled cluster ping; no hccn_tool call is made.
+    """
     if not spec or not spec.get("tool"):
         return None
     tool = spec["tool"]
     out = {"tool_error": "", "conf": None, "devices": {}, "ping": []}
-    if not os.access(tool, os.X_OK):
-        out["tool_error"] = f"{tool} is missing or not executable"
-        return out
     conf = spec.get("conf")
     if conf and os.path.isfile(conf):
         out["conf"] = read_text(conf)
+    if skip and not spec.get("ping"):
+        return dict(out, skipped=skip)
+    if not os.access(tool, os.X_OK):
+        out["tool_error"] = f"{tool} is missing or not executable"
+        return out
 
     def run(*args):
         try:
@@ -316,13 +333,18 @@ def main():
     p = module.params
     sock = p["docker_socket"]
     ok, msg, containers = list_containers(sock, p["label"])
+    # a host whose every rank runs its launch spec starts nothing in this run: its NPU network and
+    # image/driver checks are for the containers a deploy starts, so they are not run (the no-op path)
+    settled = ok and bool(p["containers"]) and not starting(p["containers"], containers)
+    skip = "every container of this host runs its launch spec" if settled else ""
     result = {
         "changed": False,
         "stats": stat_paths(p["paths"]),
         "npu_smi": run_npu_smi(module, p["npu_smi"], "-l"),
         "npu_smi_info": run_npu_smi(module, p["npu_smi"]),
-        "hccn": run_hccn(module, p["hccn"]),
-        "compat": run_compat(sock, p["compat"]) if ok else None,
+        "hccn": run_hccn(module, p["hccn"], skip),
+        "compat": run_compat(sock, p["compat"]) if ok and not settled else None,
+        "skipped_checks": skip,
         "meminfo": read_text("/proc/meminfo") if p["host_facts"] else "",
         "listening_ports": listening_ports(read_text("/proc/net/tcp"), read_text("/proc/net/tcp6"))
         if p["host_facts"] else [],

@@ -81,6 +81,8 @@ def host_problems(host, hccn, npus):
         return []
     if not isinstance(hccn, dict):
         raise PdError("pd_hccn_problems", "hccn", f"is {type(hccn).__name__}, not the probe's hccn mapping")
+    if hccn.get("skipped"):
+        return []  # the host starts nothing in this run (pd_host_probe read only hccn.conf)
     out = []
     if hccn.get("tool_error"):
         return [f"{host}: hccn_tool could not run ({hccn['tool_error']}) — install the Ascend driver tools "

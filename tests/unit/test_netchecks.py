@@ -137,6 +137,33 @@ class TestHostChecks:
         [msg] = netchecks.host_problems("h", hccn, [0])
         assert msg.startswith("h: hccn_tool could not run") and "pd_prechecks_hccn: false" in msg
 
+    def test_a_settled_host_reads_only_hccn_conf(self, tmp_path):
+        # every rank of the host runs its spec: no hccn_tool call (a broken driver is not even noticed),
+        # but the addresses a rolled cluster's prefill hosts ping come from its hccn.conf
+        calls = []
+
+        class Counting(FakeModule):
+            def run_command(self, args, handle_exceptions=True):
+                calls.append(args)
+                return super().run_command(args, handle_exceptions)
+
+        spec = {**fake_host(tmp_path, "h", variant="PD_FAKE_HCCN_BROKEN=1\n"), "devices": list(range(8))}
+        hccn = probe_mod.run_hccn(Counting(), spec, skip="every container of this host runs its launch spec")
+        assert calls == [] and hccn["skipped"] and hccn["devices"] == {}
+        assert netchecks.host_problems("h", hccn, range(8)) == []
+        assert netchecks.device_state(hccn, 3)["conf_ip"] == "198.51.100.13"
+        # asked to ping, it pings whatever the host runs
+        pinged = probe_mod.run_hccn(Counting(), {**spec, "ping": [{"device": 0, "address": "198.51.100.99"}]},
+                                    skip="every container of this host runs its launch spec")
+        assert "skipped" not in pinged and calls
+
+    def test_starting_names_the_specs_a_run_would_start(self):
+        specs_ = [{"name": "a", "hash": "h1"}, {"name": "b", "hash": "h2"}, {"name": "c", "hash": "h3"}]
+        containers = [{"name": "a", "hash": "h1", "running": True}, {"name": "b", "hash": "old", "running": True},
+                      {"name": "c", "hash": "h3", "running": False}]
+        assert probe_mod.starting(specs_, containers) == ["b", "c"]
+        assert probe_mod.starting(specs_[:1], containers) == []
+
     def test_not_asked(self):
         assert probe_mod.run_hccn(FakeModule(), {}) is None
         assert netchecks.host_problems("h", None, [0]) == []
