@@ -150,12 +150,6 @@ def containers_to_start(specs, containers):
     return [s for s in specs if s["name"] in todo]
 
 
-def containers_to_replace(specs, containers):
-    """Names of running containers whose ``pd.spec-hash`` label differs from their spec (or that are not
-    ours): stopped and kept as ``<name>-previous`` until the new one is healthy."""
-    return replacement_plan(specs, containers, "pd_containers_to_replace")["preserve"]
-
-
 def running_previous(containers):
     """Kept previous containers that run (a restart policy or a daemon restart started them)."""
     return [c["name"] for c in _observed(containers, "pd_running_previous").values()
@@ -275,7 +269,6 @@ FILTERS = {
     "pd_docker_logs": docker_logs,
     "pd_host_specs": host_specs,
     "pd_containers_to_start": containers_to_start,
-    "pd_containers_to_replace": containers_to_replace,
     "pd_replacement_plan": replacement_plan,
     "pd_probe_specs": probe_specs,
     "pd_health_checks": health_checks,

@@ -19,7 +19,7 @@ def seen(name, spec_hash, running=True):
     return {"name": name, "state": "running" if running else "exited", "running": running, "hash": spec_hash}
 
 
-# ---- spec_state / containers_to_start / containers_to_replace -------------------------------------
+# ---- spec_state / containers_to_start / replacement_plan ------------------------------------------
 
 def test_each_spec_gets_the_state_of_what_runs_under_its_name():
     specs = [spec("missing", "aaa"), spec("same", "bbb"), spec("changed", "ccc"), spec("stopped", "ddd")]
@@ -30,25 +30,25 @@ def test_each_spec_gets_the_state_of_what_runs_under_its_name():
     # only what does not run its spec is passed to docker_container
     assert [s["name"] for s in containers.containers_to_start(specs, observed)] == ["missing", "changed", "stopped"]
     # only a container with another spec is kept as <name>-previous; a stopped one of the same spec is started
-    assert containers.containers_to_replace(specs, observed) == ["changed"]
+    assert containers.replacement_plan(specs, observed)["preserve"] == ["changed"]
 
 
 def test_existing_container_without_our_label_is_replaced():
     # a container of that name started by hand (no pd.spec-hash) must not be kept as if current
-    assert containers.containers_to_replace([spec("x", "aaa")], [seen("x", "")]) == ["x"]
+    assert containers.replacement_plan([spec("x", "aaa")], [seen("x", "")])["preserve"] == ["x"]
 
 
 def test_nothing_to_start_or_replace_when_everything_runs_its_spec():
     specs = [spec(f"r{i}", f"h{i}") for i in range(3)]
     observed = [seen(f"r{i}", f"h{i}") for i in range(3)]
     assert containers.containers_to_start(specs, observed) == []
-    assert containers.containers_to_replace(specs, observed) == []
+    assert containers.replacement_plan(specs, observed)["preserve"] == []
 
 
 @pytest.mark.parametrize("observed", [None, {"a": 1}, [{"state": "running"}], ["a"]])
 def test_observed_containers_must_be_the_probe_list(observed):
     for func, where in ((containers.containers_to_start, "pd_containers_to_start"),
-                        (containers.containers_to_replace, "pd_containers_to_replace")):
+                        (containers.replacement_plan, "pd_replacement_plan")):
         with pytest.raises(PdError) as err:
             func([spec("a")], observed)
         assert err.value.where == where and "pd_host_probe" in err.value.fix

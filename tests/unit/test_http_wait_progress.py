@@ -18,21 +18,15 @@ REPO = Path(__file__).resolve().parents[2]
 if str(REPO / "module_utils") not in ansible.module_utils.__path__:
     ansible.module_utils.__path__.append(str(REPO / "module_utils"))
 from ansible.module_utils import pd_http  # noqa: E402  (needs the path above)
+from tests.fixtures.fake_clock import FakeClock
 
 _spec = importlib.util.spec_from_file_location("pd_http_wait_action", REPO / "action_plugins" / "pd_http_wait.py")
 plugin = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(plugin)
 
 
-class Clock:
-    def __init__(self):
-        self.now = 0.0
-
-    def __call__(self):
-        return self.now
-
-    def sleep(self, seconds):
-        self.now += seconds
+class Clock(FakeClock):
+    """Also stands in for the time module the action plugin reads (time.monotonic)."""
 
     def monotonic(self):
         return self.now

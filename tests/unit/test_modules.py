@@ -26,6 +26,7 @@ if str(REPO / "module_utils") not in ansible.module_utils.__path__:
     ansible.module_utils.__path__.append(str(REPO / "module_utils"))
 
 from ansible.module_utils import pd_http  # noqa: E402  (needs the path above)
+from tests.fixtures.fake_clock import FakeClock
 
 
 def load(name):
@@ -160,17 +161,6 @@ def test_request_ignores_http_proxy_settings(engine, monkeypatch):
 def test_request_refuses_what_is_not_plain_http(url):
     status, _, error = pd_http.request(url)
     assert status == 0 and "not an http:// URL" in error
-
-
-class FakeClock:
-    def __init__(self):
-        self.now = 0.0
-
-    def __call__(self):
-        return self.now
-
-    def sleep(self, seconds):
-        self.now += seconds
 
 
 def test_wait_all_polls_every_check_in_the_same_rounds_until_each_deadline():
