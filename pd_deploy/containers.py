@@ -143,6 +143,19 @@ def replacement_plan(specs, containers, _where="pd_replacement_plan"):
     return plan
 
 
+def start_reason(spec, containers):
+    """Why a deploy starts a spec, in words for the summary (None: it runs its spec and needs nothing)."""
+    observed = _observed(containers, "pd_start_reason")
+    state = spec_state(spec, observed)
+    kept = observed.get(spec["name"] + PREVIOUS) is not None
+    if kept and state == "current":
+        return "an interrupted replacement, finished"
+    if kept and state != "changed":
+        return "an interrupted replacement, started afresh"
+    return {"absent": "started: it did not exist", "changed": "recreated: its launch spec changed",
+            "stopped": "restarted: it was not running (same launch spec)"}.get(state)
+
+
 def containers_to_start(specs, containers):
     """Specs that need work on this host: not running their spec, or a replacement left half done."""
     plan = replacement_plan(specs, containers, "pd_containers_to_start")

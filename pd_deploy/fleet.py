@@ -11,7 +11,7 @@ import math
 import jsonschema
 
 from pd_deploy import capacity, datafiles, guards, inventory, model, ports, rules, secrets, sizes, versions
-from pd_deploy.containers import containers_to_start, host_specs, spec_ports
+from pd_deploy.containers import containers_to_start, host_specs, spec_ports, start_reason
 from pd_deploy.errors import PdError
 
 HOST_VARS = inventory.HOST_FACTS
@@ -395,6 +395,7 @@ def plan_fleet(fleet):
                 "npus": host["npus"], "ram_reserve_bytes": host["ram_reserve_bytes"],
                 "hbm_per_npu_bytes": host["hbm_per_npu_bytes"], "npu_chip": host["npu_chip"],
                 "model_path": ((result.get("cluster") or {}).get("model") or {}).get("path"),
+                "address": host["address"],
             }
         for spec in result["specs"]:
             plan["hosts"][spec["host"]]["specs"].append(spec)
@@ -410,6 +411,8 @@ def plan_fleet(fleet):
             "vllm_ascend_version": (result.get("cluster") or {}).get("vllm_ascend_version"),
             "served_model_name": ((result.get("cluster") or {}).get("model") or {}).get("served_name"),
             "ranks": [s["name"] for s in result["specs"]],
+            "instances": proxy_instances(result["specs"], address_of),
+            "drain_timeout_s": ((result.get("cluster") or {}).get("proxy") or {}).get("drain_timeout_s", 0),
         }
     violations.extend(port_collisions(all_specs, address_of))
     violations.extend(inventory.machine_violations(
@@ -420,6 +423,62 @@ def plan_fleet(fleet):
     plan["batches"] = rollout_batches(fleet.get("limit") or [h["name"] for h in fleet["hosts"]], plan["hosts"])
     plan["messages"] = [rules.format_violation(v) for v in violations]
     return plan
+
+
+def proxy_instances(specs, address_of):
+    """{role: [{instance, ranks: [{name, host, key}]}]}: each instance's ranks as its proxy lists them
+    (key = the host's address:the rank's HTTP port, as model.proxy_spec writes --*-hosts/--*-ports)."""
+    out = {}
+    for spec in specs:
+        insts = out.setdefault(spec["role"], [])
+        if not insts or insts[-1]["instance"] != spec["instance"]:
+            insts.append({"instance": spec["instance"], "ranks": []})
+        insts[-1]["ranks"].append({"name": spec["name"], "host": spec["host"],
+                                   "key": f"{address_of[spec['host']]}:{spec['ports']['http']}"})
+    return out
+
+
+def rollout_waves(plan, cluster, role, probes):
+    """The order in which a rollout replaces the ``role`` ranks of ``cluster`` (the same on every host).
+
+    ``probes`` is {host: pd_host_probe result} of the batch. Ranks with nothing to do are left out.
+    Instances with no rank running, or all when the cluster's proxy is not running or the role has a
+    single instance (nothing else could serve meanwhile), start together in a first wave without
+    drain. Each other instance (a rank of it serves behind the running proxy) is a wave of its own:
+    taken out of the proxy, drained, replaced, health-checked, put back, one instance at a time, so
+    that the role's other instances keep serving. Returns [{label, names,
+    drain: [proxy keys], proxy_host, proxy_url, timeout_s}].
+    """
+    summary = plan["clusters"][cluster]
+    proxy = summary.get("proxy")
+    seen = {h: {c["name"]: c for c in (p or {}).get("containers") or []} for h, p in (probes or {}).items()}
+    proxy_up = bool(proxy) and bool((seen.get(proxy["host"], {}).get(proxy["name"]) or {}).get("running"))
+    timeout = summary.get("drain_timeout_s") or 0
+    instances = (summary.get("instances") or {}).get(role, [])
+    # with one instance nothing else serves the role: the proxy keeps picking it even when isolated,
+    # so a drain would only wait for its bound
+    drain_on = timeout > 0 and len(instances) > 1
+    fresh, waves = [], []
+    for inst in instances:
+        todo, serving = [], False
+        for rank in inst["ranks"]:
+            spec = next(s for s in plan["hosts"][rank["host"]]["specs"] if s["name"] == rank["name"])
+            found = seen.get(rank["host"], {})
+            if containers_to_start([spec], list(found.values())):
+                todo.append(rank["name"])
+            serving = serving or bool((found.get(rank["name"]) or {}).get("running"))
+        if not todo:
+            continue
+        if proxy_up and serving and drain_on:
+            waves.append({"label": f"{role} instance {inst['instance']}", "names": todo,
+                          "drain": [r["key"] for r in inst["ranks"]]})
+        else:
+            fresh.extend(todo)
+    out = ([{"label": f"{role} ranks started together", "names": fresh, "drain": []}] if fresh else []) + waves
+    for wave in out:
+        wave.update(proxy_host=proxy["host"] if proxy else None, timeout_s=timeout,
+                    proxy_url=f"http://127.0.0.1:{proxy['ports']['http']}" if proxy else None)
+    return out
 
 
 def rollout_batches(play_hosts, hosts):
@@ -443,12 +502,14 @@ def rollout_targets(plan, probes, play_hosts):
     running its current launch spec; the others were only probed (health) and are left as they are.
     ``probes`` is {host: pd_host_probe result}. Returns {"hosts": [hosts of the clusters to roll, in
     play order], "batches": the play's serial list for them, "changed": [clusters], "unchanged":
-    [clusters], "pending": {host: [container names not running their spec]}}.
+    [clusters], "pending": {host: [container names not running their spec]}, "reasons": {host: {name: why
+    it is started, in words}}}.
     """
     if not isinstance(probes, dict):
         raise PdError("pd_rollout_targets", "probes", "expected {host: pd_host_probe result}",
                       "pass the registered probe of every play host (roles/pd_prechecks)")
     pending = {}
+    reasons = {}
     touched = []
     for host in play_hosts:
         entry = plan["hosts"].get(host)
@@ -460,13 +521,15 @@ def rollout_targets(plan, probes, play_hosts):
         if not isinstance(probe, dict) or "containers" not in probe:
             raise PdError("pd_rollout_targets", f"probes.{host}", "this host was not probed",
                           "run roles/pd_prechecks on every host of the play before the rollout")
-        names = [s["name"] for s in containers_to_start(host_specs(entry), probe["containers"])]
-        if names:
-            pending[host] = names
+        todo = containers_to_start(host_specs(entry), probe["containers"])
+        if todo:
+            pending[host] = [s["name"] for s in todo]
+            reasons[host] = {s["name"]: start_reason(s, probe["containers"]) for s in todo}
     changed = [c for c in touched if any(plan["hosts"][h]["cluster"] == c for h in pending)]
     hosts = [h for h in play_hosts if h in plan["hosts"] and plan["hosts"][h]["cluster"] in changed]
     return {"hosts": hosts, "batches": rollout_batches(hosts, plan["hosts"]) if hosts else [1],
-            "changed": changed, "unchanged": [c for c in touched if c not in changed], "pending": pending}
+            "changed": changed, "unchanged": [c for c in touched if c not in changed], "pending": pending,
+            "reasons": reasons}
 
 
 def lock_hosts(plan, play_hosts):
@@ -492,4 +555,5 @@ FILTERS = {
     "pd_shape_violations": shape_violations,
     "pd_rollout_targets": rollout_targets,
     "pd_lock_hosts": lock_hosts,
+    "pd_rollout_waves": rollout_waves,
 }

@@ -500,6 +500,8 @@ def proxy_spec(cluster, topo):
                "--decoder-hosts", *[r["address"] for r in ranks["decode"]],
                "--decoder-ports", *[str(r["port"]) for r in ranks["decode"]],
                "--max-retries", str(proxy["max_retries"]), "--retry-delay", str(proxy["retry_delay"])]
+    if proxy.get("waiting_retry_interval") is not None:
+        command += ["--waiting-retry-interval", str(proxy["waiting_retry_interval"])]
     spec = {
         "name": f"pd-{name}-proxy",
         "kind": "proxy",

@@ -5,7 +5,7 @@ import os
 import re
 
 from pd_deploy import sizes
-from pd_deploy.containers import host_specs
+from pd_deploy.containers import PREVIOUS, host_specs
 
 
 def _counts(plan):
@@ -108,39 +108,128 @@ def capacity_files(plan):
     return out
 
 
-def rollout_summary(plan, play_hosts, targets=None, dry_run=False):
-    """Lines naming, per cluster touched by the play, each container with its host and port.
+def rollout_summary(plan, play_hosts, targets=None, dry_run=False, outcomes=None, probes=None):
+    """The deploy's closing report: per cluster of the play, what it became and each container's state.
 
-    With ``targets`` (pd_rollout_targets) each cluster says whether it was rolled out (with
-    ``dry_run``, --check: would be) or found running its launch specs and left as it was.
+    ``targets`` is pd_rollout_targets (None: render-only, the containers are only listed). With it, each
+    cluster is rolled out (with ``dry_run``, --check: would be), unchanged, failed during its rollout, or
+    not rolled out because the deploy stopped first. ``outcomes`` is {host: pd_rollout_outcome fact} of
+    the rolled hosts ({done: true}, or {done: false, task, msg} from the rollout's rescue; missing: the
+    host's batch never ended; None: not known, as for a render). When a rolled host did not finish, the deploy failed: ``probes`` ({host:
+    pd_host_probe result read after the failure, or an unreachable/failed task result}) then tell each
+    container's spec as it is now (current / old / not running / missing), the kept previous containers
+    left over and the hosts that could not be read. Returns the report's lines.
     """
-    out = []
     hosts = set(play_hosts or [])
+    failed = failed_hosts(targets, outcomes) if targets is not None and outcomes is not None and not dry_run else []
+    out = _failure_head(failed, outcomes or {}) if failed else []
+    observed = _read_probes(probes or {}) if failed else {}
     changed = set((targets or {}).get("changed") or [])
-    pending = {n for names in ((targets or {}).get("pending") or {}).values() for n in names}
     for name, summary in plan["clusters"].items():
         if not hosts.intersection(summary["hosts"]):
             continue
-        if targets is None:
-            out.append(f"{name}:")
-        elif name in changed:
-            out.append(f"{name}: would be rolled out (--check: nothing was changed)" if dry_run
-                       else f"{name}: rolled out")
+        specs = [(host, spec, spec["name"]) for host in summary["hosts"] for spec in plan["hosts"][host]["specs"]]
+        if summary.get("proxy"):
+            specs.append((summary["proxy"]["host"], summary["proxy"], f"proxy {summary['proxy']['name']}"))
+        if failed and name in changed:
+            out.extend(_cluster_after_failure(name, summary, specs, failed, outcomes or {}, observed))
+            continue
+        out.append(_cluster_head(name, targets, changed, dry_run))
+        reasons = (targets or {}).get("reasons") or {}
+        for host, spec, label in specs:
+            why = (reasons.get(host) or {}).get(spec["name"])
+            out.append(f"  {label} on {host} port {spec['ports']['http']}" + (f": {why}" if why else ""))
+    return out + _unreachable_lines(observed)
+
+
+def failed_hosts(targets, outcomes):
+    """Hosts the rollout was to roll that did not finish it (none when nothing was rolled)."""
+    outcomes = outcomes or {}
+    return [h for h in (targets or {}).get("hosts") or [] if not (outcomes.get(h) or {}).get("done")]
+
+
+def _cluster_head(name, targets, changed, dry_run):
+    if targets is None:
+        return f"{name}:"
+    if name in changed:
+        return f"{name}: would be rolled out (--check: nothing was changed)" if dry_run else f"{name}: rolled out"
+    return f"{name}: unchanged (every container runs its launch spec and answered its health URL)"
+
+
+def _failure_head(failed, outcomes):
+    stops = [(h, outcomes[h]) for h in failed if (outcomes.get(h) or {}).get("task")]
+    if stops:
+        host, why = stops[0]
+        first = (str(why.get("msg") or "").strip().splitlines() or ["see the failed task above"])[0]
+        where = f"on {host} at task \"{why['task']}\": {first}"
+    else:
+        where = "before its hosts ended their batch (a host was lost or the run was cut short)"
+    return [f"DEPLOY FAILED {where}",
+            "State of the clusters after the failure (read again from the hosts of the rolled clusters):"]
+
+
+def _read_probes(probes):
+    """{host: {"containers": {name: container}} or {"error": text}} from the probes read after a failure."""
+    out = {}
+    for host, res in probes.items():
+        if not isinstance(res, dict) or res.get("unreachable") or res.get("failed") or "containers" not in res:
+            msg = " ".join(str((res or {}).get("msg") or "no answer").split()) if isinstance(res, dict) else "no answer"
+            out[host] = {"error": msg[:300], "unreachable": bool(isinstance(res, dict) and res.get("unreachable"))}
+        elif (res.get("docker") or {}).get("ok") is False:
+            out[host] = {"error": f"Docker did not answer: {(res['docker'].get('msg') or '')[:300]}", "unreachable": False}
         else:
-            out.append(f"{name}: unchanged (every container runs its launch spec and answered its health URL)")
-        for host in summary["hosts"]:
-            for spec in plan["hosts"][host]["specs"]:
-                out.append(f"  {spec['name']} on {host} port {spec['ports']['http']}{_started(spec, pending)}")
-        proxy = summary.get("proxy")
-        if proxy:
-            out.append(f"  proxy {proxy['name']} on {proxy['host']} port {proxy['ports']['http']}"
-                       f"{_started(proxy, pending)}")
+            out[host] = {"containers": {c["name"]: c for c in res["containers"] if isinstance(c, dict) and "name" in c}}
     return out
 
 
-def _started(spec, pending):
-    """Marks a container that was not running its launch spec when the deploy began."""
-    return " (new or changed launch spec)" if spec["name"] in pending else ""
+def _cluster_after_failure(name, summary, specs, failed, outcomes, observed):
+    mine = [h for h in summary["hosts"] if h in failed]
+    began = any(outcomes.get(h) for h in summary["hosts"]) or any(
+        (observed.get(h) or {}).get("unreachable") for h in mine)
+    states = []
+    lines = []
+    for host, spec, label in specs:
+        state = _container_state(spec, observed.get(host))
+        states.append(state)
+        lines.append(f"  {label} on {host} port {spec['ports']['http']}: {state}")
+    for host in summary["hosts"]:
+        found = (observed.get(host) or {}).get("containers") or {}
+        for cname, c in sorted(found.items()):
+            if cname.endswith(PREVIOUS):
+                run = "RUNNING (it must stay stopped)" if c.get("running") else "stopped"
+                lines.append(f"  leftover {cname} on {host}, {run}: a replacement is unfinished; the next deploy"
+                             " finishes it or rolls it back to this container")
+    current = sum(1 for s in states if s.startswith("current launch spec, running"))
+    if not mine:
+        head = f"{name}: rolled out before the failure"
+    elif began:
+        head = f"{name}: FAILED during its rollout ({current} of {len(states)} containers run their current launch spec)"
+    else:
+        head = (f"{name}: not rolled out: the deploy stopped before this cluster ({current} of {len(states)}"
+                " containers run their current launch spec)")
+    return [head] + lines
+
+
+def _container_state(spec, seen):
+    """One container's state in words, from a host's probe after a failure."""
+    if seen is None:
+        return "unknown (its host was not read)"
+    if "error" in seen:
+        return "unknown (its host could not be read)"
+    found = seen["containers"].get(spec["name"])
+    if found is None:
+        return "MISSING (no container)"
+    run = "running" if found.get("running") else f"NOT running ({found.get('state') or 'stopped'})"
+    if found.get("hash") == spec["labels"]["pd.spec-hash"]:
+        return f"current launch spec, {run}"
+    return f"OLD launch spec, {run}"
+
+
+def _unreachable_lines(observed):
+    bad = [(h, o) for h, o in observed.items() if "error" in o]
+    return [f"Host {h} could not be read ({'unreachable' if o['unreachable'] else 'probe failed'}: {o['error']}):"
+            " its containers are unknown and may still run; bring the host back and deploy again"
+            for h, o in bad]
 
 
 def build_files(plan, build_dir, render_specs=False):
@@ -200,6 +289,7 @@ FILTERS = {
     "pd_inventory_slug": inventory_slug,
     "pd_build_files": build_files,
     "pd_rollout_summary": rollout_summary,
+    "pd_rollout_failed_hosts": failed_hosts,
     "pd_plan_failure_message": plan_failure_message,
     "pd_plan_report": plan_report,
     "pd_capacity_lines": capacity_lines,

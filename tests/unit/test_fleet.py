@@ -362,7 +362,7 @@ def test_a_converged_fleet_rolls_nothing():
     plan = fleet.plan_fleet(example_fleet())
     targets = fleet.rollout_targets(plan, converged_probes(plan), HOSTS)
     assert targets == {"hosts": [], "batches": [1], "changed": [], "unchanged": ["cluster_a", "cluster_b"],
-                       "pending": {}}
+                       "pending": {}, "reasons": {}}
 
 
 def test_a_fresh_fleet_rolls_every_cluster_in_play_order():
@@ -433,7 +433,7 @@ def test_rollout_summary_says_which_clusters_were_rolled_and_which_left_alone():
     assert report.rollout_summary(plan, HOSTS, targets, True)[0] == \
         "cluster_a: would be rolled out (--check: nothing was changed)"
     # the containers that were started or recreated are marked, the others are not
-    assert "  pd-cluster_a-decode0-dp0 on a-d0 port 8200 (new or changed launch spec)" in lines
+    assert "  pd-cluster_a-decode0-dp0 on a-d0 port 8200: started: it did not exist" in lines
     assert "  pd-cluster_a-prefill0-dp0 on a-p0 port 8100" in lines
     assert "cluster_b: unchanged (every container runs its launch spec and answered its health URL)" in lines
     # without targets (render-only) the clusters are just listed; hosts outside the play are left out
@@ -506,3 +506,159 @@ def test_weights_that_do_not_fit_a_910b4_fail_the_plan():
 def test_inventory_slug_names_one_safe_directory_per_inventory(sources, slug):
     from pd_deploy.report import inventory_slug
     assert inventory_slug(sources) == slug
+
+
+@pytest.mark.parametrize("change, reason", [
+    ({"hash": "an-older-spec"}, "recreated: its launch spec changed"),
+    ({"running": False, "state": "exited"}, "restarted: it was not running (same launch spec)"),
+    (None, "started: it did not exist"),
+    ("kept", "an interrupted replacement, finished"),
+    ("kept-exited", "an interrupted replacement, started afresh"),
+])
+def test_the_summary_says_why_each_container_was_started(change, reason):
+    # a plain restart of an unchanged spec is not called a changed launch spec
+    from pd_deploy import report
+    plan = fleet.plan_fleet(example_fleet())
+    probes = converged_probes(plan)
+    rank = probes["b-d1"]["containers"][1]
+    if change is None:
+        probes["b-d1"]["containers"].remove(rank)
+    elif change in ("kept", "kept-exited"):
+        probes["b-d1"]["containers"].append(dict(rank, name=rank["name"] + "-previous", hash="old", running=False))
+        if change == "kept-exited":
+            rank.update(running=False, state="exited")
+    else:
+        rank.update(change)
+    targets = fleet.rollout_targets(plan, probes, HOSTS)
+    assert targets["reasons"] == {"b-d1": {rank["name"]: reason}}
+    port = next(s for s in plan["hosts"]["b-d1"]["specs"] if s["name"] == rank["name"])["ports"]["http"]
+    lines = report.rollout_summary(plan, HOSTS, targets, outcomes={h: {"done": True} for h in targets["hosts"]})
+    assert f"  {rank['name']} on b-d1 port {port}: {reason}" in lines
+    others = [line for line in lines if line.startswith("  ") and rank["name"] + " " not in line]
+    assert others and not any(":" in line.split(" port ")[1] for line in others)
+
+
+def _failed_rollout(plan, probes_before):
+    """A rollout of both clusters that stopped on b-d1: cluster_a ended, cluster_b's batch was rescued."""
+    targets = fleet.rollout_targets(plan, probes_before, HOSTS)
+    outcomes = {"a-p0": {"done": True}, "a-d0": {"done": True},
+                "b-p0": {"done": False, "task": "Roll", "msg": "b-d1: 1 container(s) never answered\nmore"},
+                "b-d0": {"done": False, "task": "Roll", "msg": ""}}
+    return targets, outcomes
+
+
+def test_the_report_after_a_failure_tells_each_containers_spec_leftovers_and_lost_hosts():
+    from pd_deploy import report
+    plan = fleet.plan_fleet(example_fleet())
+    fresh = {h: {"containers": []} for h in HOSTS}
+    targets, outcomes = _failed_rollout(plan, fresh)
+    assert report.failed_hosts(targets, outcomes) == ["b-p0", "b-d0", "b-d1"]
+    after = converged_probes(plan)
+    specs = {s["name"]: s for s in plan["hosts"]["b-d0"]["specs"]}
+    old, new = list(specs)[:2]
+    after["b-d0"]["containers"] = [
+        {"name": old, "state": "running", "running": True, "hash": "the-old-spec"},
+        {"name": new, "state": "restarting", "running": False, "hash": specs[new]["labels"]["pd.spec-hash"]},
+        {"name": new + "-previous", "state": "exited", "running": False, "hash": "the-old-spec"},
+    ]
+    after["b-d1"] = {"unreachable": True, "msg": "Failed to connect to the host via ssh"}
+    lines = report.rollout_summary(plan, HOSTS, targets, outcomes=outcomes,
+                                   probes={h: after[h] for h in targets["hosts"]})
+    text = "\n".join(lines)
+    assert lines[0] == 'DEPLOY FAILED on b-p0 at task "Roll": b-d1: 1 container(s) never answered'
+    assert "cluster_a: rolled out before the failure" in lines
+    assert any(line.startswith("cluster_b: FAILED during its rollout (3 of 7 containers") for line in lines)
+    port = {n: s["ports"]["http"] for n, s in specs.items()}
+    assert f"  {old} on b-d0 port {port[old]}: OLD launch spec, running" in lines
+    assert f"  {new} on b-d0 port {port[new]}: current launch spec, NOT running (restarting)" in lines
+    assert any(line.startswith(f"  leftover {new}-previous on b-d0, stopped") for line in lines)
+    assert "unknown (its host could not be read)" in text
+    assert lines[-1].startswith("Host b-d1 could not be read (unreachable: Failed to connect")
+    assert "prefill0-dp0 on b-p0 port" in text and "cluster_a" in text
+
+
+def test_a_cluster_the_failed_deploy_never_reached_says_so():
+    from pd_deploy import report
+    plan = fleet.plan_fleet(example_fleet())
+    targets = fleet.rollout_targets(plan, {h: {"containers": []} for h in HOSTS}, HOSTS)
+    outcomes = {"a-p0": {"done": False, "task": "Take the deploy lock", "msg": "held by another run"}}
+    lines = report.rollout_summary(plan, HOSTS, targets, outcomes=outcomes,
+                                   probes={h: {"containers": []} for h in targets["hosts"]})
+    assert lines[0].startswith('DEPLOY FAILED on a-p0 at task "Take the deploy lock"')
+    assert "cluster_a: FAILED during its rollout (0 of 5 containers run their current launch spec)" in lines
+    assert any(line.startswith("cluster_b: not rolled out: the deploy stopped before this cluster") for line in lines)
+    assert sum("MISSING (no container)" in line for line in lines) == 12
+
+
+def test_a_successful_or_dry_run_reads_nothing_again():
+    from pd_deploy import report
+    plan = fleet.plan_fleet(example_fleet())
+    targets = fleet.rollout_targets(plan, {h: {"containers": []} for h in HOSTS}, HOSTS)
+    done = {h: {"done": True} for h in HOSTS}
+    assert report.failed_hosts(targets, done) == []
+    lines = report.rollout_summary(plan, HOSTS, targets, outcomes=done, probes={"a-p0": {"unreachable": True}})
+    assert lines[0] == "cluster_a: rolled out" and not any("could not be read" in line for line in lines)
+    assert report.rollout_summary(plan, HOSTS, targets, True, outcomes={})[0].startswith("cluster_a: would be")
+
+
+def _waves(plan, probes, cluster="cluster_b", role="decode"):
+    return fleet.rollout_waves(plan, cluster, role, probes)
+
+
+def test_each_instance_is_listed_with_the_keys_its_proxy_uses():
+    plan = fleet.plan_fleet(example_fleet())
+    summary = plan["clusters"]["cluster_b"]
+    proxy = summary["proxy"]["command"]
+    hosts = proxy[proxy.index("--decoder-hosts") + 1:proxy.index("--decoder-ports")]
+    ports = proxy[proxy.index("--decoder-ports") + 1:proxy.index("--max-retries")]
+    keys = [r["key"] for inst in summary["instances"]["decode"] for r in inst["ranks"]]
+    assert keys == [f"{h}:{p}" for h, p in zip(hosts, ports)]
+    assert [r["name"] for inst in summary["instances"]["decode"] for r in inst["ranks"]] == \
+        [s["name"] for h in summary["hosts"] for s in plan["hosts"][h]["specs"] if s["role"] == "decode"]
+
+
+def test_a_single_instance_is_not_drained_and_nothing_to_do_is_no_wave():
+    plan = fleet.plan_fleet(example_fleet())
+    probes = converged_probes(plan)
+    assert _waves(plan, probes) == []
+    # cluster_b has one decode instance: nothing else would serve while it is drained, so no drain
+    rank = probes["b-d1"]["containers"][0]
+    rank["hash"] = "older"
+    assert _waves(plan, probes) == [{"label": "decode ranks started together", "names": [rank["name"]], "drain": [],
+                                     "proxy_host": "b-p0", "proxy_url": "http://127.0.0.1:8000", "timeout_s": 60}]
+
+
+def test_several_serving_instances_roll_one_at_a_time_after_the_new_ones():
+    b = cluster_b()
+    b["decode"] = {"instances": 2, "dp": 2, "engine": {"block_size": 128}}
+    plan = fleet.plan_fleet(example_fleet(b=b))
+    assert errors(plan) == []
+    insts = plan["clusters"]["cluster_b"]["instances"]["decode"]
+    assert [len(i["ranks"]) for i in insts] == [2, 2]
+    probes = converged_probes(plan)
+    for host in ("b-d0", "b-d1"):
+        for c in probes[host]["containers"]:
+            c["hash"] = "older"
+    waves = _waves(plan, probes)
+    assert [w["label"] for w in waves] == ["decode instance 0", "decode instance 1"]
+    assert [w["names"] for w in waves] == [[r["name"] for r in i["ranks"]] for i in insts]
+    assert [w["drain"] for w in waves] == [[r["key"] for r in i["ranks"]] for i in insts]
+    # an instance whose ranks do not run (new, or all stopped) starts first, without drain
+    first = insts[0]["ranks"]
+    for host in ("b-d0", "b-d1"):
+        probes[host]["containers"] = [c for c in probes[host]["containers"]
+                                      if c["name"] not in {r["name"] for r in first}]
+    waves = _waves(plan, probes)
+    assert [(w["label"], w["drain"]) for w in waves] == [
+        ("decode ranks started together", []), ("decode instance 1", [r["key"] for r in insts[1]["ranks"]])]
+    # the proxy not running: nothing to drain from, one wave
+    proxy = plan["clusters"]["cluster_b"]["proxy"]["name"]
+    for c in probes["b-p0"]["containers"]:
+        if c["name"] == proxy:
+            c["running"] = False
+    assert [w["drain"] for w in _waves(plan, probes)] == [[]]
+    for c in probes["b-p0"]["containers"]:
+        c["running"] = True
+    # drain_timeout_s 0 turns the drain off: everything starts together
+    plan["clusters"]["cluster_b"]["drain_timeout_s"] = 0
+    assert [w["drain"] for w in _waves(plan, probes)] == [[]]

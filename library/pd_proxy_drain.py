@@ -1,0 +1,126 @@
+#!/usr/bin/python
+"""Drain engine ranks out of a running PD proxy before a replacement, and put them back after."""
+
+DOCUMENTATION = r"""
+module: pd_proxy_drain
+short_description: Take ranks out of a running vllm-ascend PD proxy, or put them back
+description:
+  - Runs on the proxy's host and talks to the proxy on O(proxy_url) (loopback) and to each rank's
+    C(/metrics) at the address the proxy itself uses (C(host:port)).
+  - C(state=drained) posts C(/instances/remove) and waits until each rank is no longer listed by the
+    proxy, or its engine has no request running or waiting (the proxy keeps an instance it could not
+    drop at once isolated: listed, but picked last), at most O(timeout_s).
+  - C(state=restored) posts C(/instances/add) (after the removal of ranks the drain left isolated, which
+    the proxy would otherwise ignore) and waits until each rank is listed again, at most O(timeout_s).
+  - Never fails on a proxy that does not answer or a bound reached; the result says what happened
+    (C(drained) / C(restored) false, C(error)). Check mode reads nothing and changes nothing.
+options:
+  proxy_url:
+    description: Base URL of the proxy, for example C(http://127.0.0.1:8000).
+    type: str
+    required: true
+  role:
+    description: Instance type of the ranks in the proxy.
+    type: str
+    choices: [prefill, decode]
+    required: true
+  instances:
+    description: The ranks, as the proxy lists them (C(address:port)).
+    type: list
+    elements: str
+    required: true
+  state:
+    description: C(drained) takes them out, C(restored) puts them back.
+    type: str
+    choices: [drained, restored]
+    required: true
+  isolated:
+    description: With C(state=restored), the ranks the drain left listed (its C(isolated) result).
+    type: list
+    elements: str
+    default: []
+  timeout_s:
+    description: Longest wait.
+    type: float
+    default: 60
+  interval_s:
+    description: Pause between two rounds of requests.
+    type: float
+    default: 0.5
+author: pd-deploy
+"""
+
+EXAMPLES = r"""
+- name: Take decode rank 10.0.1.12:8200 out of the proxy
+  pd_proxy_drain:
+    proxy_url: http://127.0.0.1:8000
+    role: decode
+    instances: ["10.0.1.12:8200"]
+    state: drained
+"""
+
+RETURN = r"""
+drained:
+  description: (drained) Every rank is unlisted, or listed but isolated with nothing in flight.
+  type: bool
+  returned: when state is drained
+removed:
+  description: (drained) Ranks the proxy no longer lists.
+  type: list
+  returned: when state is drained
+isolated:
+  description: (drained) Ranks still listed (isolated until the proxy is idle once).
+  type: list
+  returned: when state is drained
+in_flight:
+  description: (drained) Requests still running or waiting on each busy rank at the end.
+  type: dict
+  returned: when state is drained
+restored:
+  description: (restored) Every rank is listed again.
+  type: bool
+  returned: when state is restored
+missing:
+  description: (restored) Ranks not listed at the end.
+  type: list
+  returned: when state is restored
+waited_s:
+  description: Seconds spent.
+  type: float
+  returned: always
+error:
+  description: The proxy's last error, if it did not answer as expected.
+  type: str
+  returned: always
+"""
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.pd_drain import drain, restore
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec={
+            "proxy_url": {"type": "str", "required": True},
+            "role": {"type": "str", "choices": ["prefill", "decode"], "required": True},
+            "instances": {"type": "list", "elements": "str", "required": True},
+            "state": {"type": "str", "choices": ["drained", "restored"], "required": True},
+            "isolated": {"type": "list", "elements": "str", "default": []},
+            "timeout_s": {"type": "float", "default": 60.0},
+            "interval_s": {"type": "float", "default": 0.5},
+        },
+        supports_check_mode=True,
+    )
+    p = module.params
+    if module.check_mode:
+        module.exit_json(changed=False, skipped=True, waited_s=0.0, error="", msg="not drained in check mode")
+    url = p["proxy_url"].rstrip("/")
+    if p["state"] == "drained":
+        result = drain(url, p["role"], p["instances"], p["timeout_s"], p["interval_s"])
+    else:
+        result = restore(url, p["role"], p["instances"], p["isolated"], p["timeout_s"], p["interval_s"])
+    module.exit_json(changed=True, **result)
+
+
+if __name__ == "__main__":
+    main()
