@@ -159,3 +159,20 @@ def test_an_instance_type_the_proxy_refuses_is_an_error_not_a_drain():
     out = pd_drain.drain("http://127.0.0.1:1", "x", ["127.0.0.1:2"], timeout_s=2, interval_s=1,
                          clock=clock, sleep=clock.sleep, send=send)
     assert not out["drained"] and "not supported" in out["error"]
+
+
+def test_while_the_proxy_is_never_idle_an_isolated_rank_cannot_come_back_and_the_restore_says_so(pd):
+    # vllm-ascend's proxy drops an isolated instance only when it has no request in flight at all,
+    # and ignores an add for it until then: a restore under unbroken load ends on its bound, naming it
+    _, decode, proxy = pd
+    results = []
+    thread = slow_request(proxy, 40, results)  # 4 s in flight
+    busy = busy_decode(decode)
+    idle = next(s for s in decode if s is not busy)
+    out = pd_drain.drain(proxy.url, "decode", [key(idle)], timeout_s=30, interval_s=0.1)
+    assert out["drained"] and out["isolated"] == [key(idle)]
+    stuck = pd_drain.restore(proxy.url, "decode", [key(idle)], out["isolated"], timeout_s=1, interval_s=0.1)
+    assert not stuck["restored"] and stuck["still_isolated"] == [key(idle)] and stuck["missing"] == [key(idle)]
+    thread.join()
+    back = pd_drain.restore(proxy.url, "decode", [key(idle)], stuck["still_isolated"], timeout_s=10, interval_s=0.1)
+    assert back["restored"] and sorted(listed(proxy)) == sorted([key(busy), key(idle)])

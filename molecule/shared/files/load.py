@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """TEST LOAD: keep requests on a PD proxy and count the ones that fail.
 
-    load.py URL OUT STOP [--clients N] [--max-tokens N] [--limit-s S]
+    load.py URL OUT STOP [--clients N] [--pause-s S] [--max-tokens N] [--limit-s S]
 
-CLIENTS threads each send one completion after the other to URL (http://127.0.0.1:<proxy port>)
+CLIENTS threads each send one completion after the other, PAUSE_S apart, to URL (http://127.0.0.1:<proxy port>)
 until the file STOP exists (or LIMIT_S seconds passed), then OUT gets JSON: {ok, failed, seconds,
 failures: [{t (s since start), status, error}] (first 50), first_failure_s, last_failure_s}.
 A request fails when it does not answer 200 with a non-empty text (the vllm-ascend proxy answers 200
@@ -46,6 +46,7 @@ def main():
     p.add_argument("out")
     p.add_argument("stop")
     p.add_argument("--clients", type=int, default=2)
+    p.add_argument("--pause-s", type=float, default=0.0)
     p.add_argument("--max-tokens", type=int, default=8)
     p.add_argument("--limit-s", type=float, default=600)
     args = p.parse_args()
@@ -66,8 +67,8 @@ def main():
                                                    "error": error})
                 else:
                     counts["ok"] += 1
-            if error:
-                time.sleep(0.05)  # a refused connection answers at once: do not spin
+            # a refused connection answers at once: do not spin
+            time.sleep(max(args.pause_s, 0.05 if error else 0.0))
 
     threads = [threading.Thread(target=client) for _ in range(args.clients)]
     for t in threads:
