@@ -115,7 +115,7 @@ docker:
   type: dict
   returned: always
 containers:
-  description: Every labelled container (name, state, running, hash).
+  description: Every labelled container (name, state, running, hash, cluster, baseline).
   type: list
   returned: always
 images_missing:
@@ -142,6 +142,12 @@ health:
   description: For each O(containers) entry running its current hash, the probe result (name, url, ok, status, error).
   type: list
   returned: always
+wiring:
+  description: For each O(containers) entry with a C(wiring_url) (a PD proxy) running its current hash, the instances
+    it lists now ({name -> {prefill, decode}}, or {name -> {error}}), read with an empty C(/instances/add), which
+    changes nothing.
+  type: dict
+  returned: always
 """
 
 import json
@@ -151,6 +157,7 @@ import urllib.parse
 from concurrent.futures import ThreadPoolExecutor
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.pd_drain import listed_instances
 from ansible.module_utils.pd_http import docker, wait_all
 
 LISTEN = "0A"
@@ -210,7 +217,8 @@ def list_containers(socket_path, label):
         labels = item.get("Labels") or {}
         names = item.get("Names") or ["?"]
         out.append({"name": names[0].lstrip("/"), "state": item.get("State", ""),
-                    "running": item.get("State") == "running", "hash": labels.get("pd.spec-hash", "")})
+                    "running": item.get("State") == "running", "hash": labels.get("pd.spec-hash", ""),
+                    "cluster": labels.get("pd.cluster", ""), "baseline": labels.get("pd.baseline") == "true"})
     return True, "", sorted(out, key=lambda c: c["name"])
 
 
@@ -234,6 +242,13 @@ def current_checks(specs, containers, probe_timeout):
     running = {c["name"]: c["hash"] for c in containers if c["running"]}
     return [{"name": s["name"], "url": s["health_url"], "timeout_s": probe_timeout}
             for s in specs if s.get("health_url") and running.get(s["name"]) == s.get("hash")]
+
+
+def read_wiring(specs, containers, timeout):
+    """{name: instances listed} of the proxies (specs with a wiring_url) running their current hash."""
+    running = {c["name"]: c["hash"] for c in containers if c["running"]}
+    return {s["name"]: listed_instances(s["wiring_url"], timeout) for s in specs
+            if s.get("wiring_url") and running.get(s["name"]) == s.get("hash")}
 
 
 def run_npu_smi(module, path, *args):
@@ -354,6 +369,7 @@ def main():
         # without an engine the images cannot be looked up; the Docker message is the one problem
         "images_missing": missing_images(sock, p["images"]) if ok else [],
         "health": wait_all(current_checks(p["containers"], containers, p["probe_timeout"]), p["probe_interval"]),
+        "wiring": read_wiring(p["containers"], containers, p["probe_timeout"]),
     }
     module.exit_json(**result)
 

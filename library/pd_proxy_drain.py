@@ -12,27 +12,30 @@ description:
     drop at once isolated: listed, but picked last), at most O(timeout_s).
   - C(state=restored) posts C(/instances/add) (after the removal of ranks the drain left isolated, which
     the proxy would otherwise ignore) and waits until each rank is listed again, at most O(timeout_s).
+  - C(state=wired) makes the proxy list exactly O(want): instances it lists beyond it are drained out as
+    above, missing ones added as above (elastic P/D: instances added or removed in the inventory).
   - Never fails on a proxy that does not answer or a bound reached; the result says what happened
-    (C(drained) / C(restored) false, C(error)). Check mode reads nothing and changes nothing.
+    (C(drained) / C(restored) / C(wired) false, C(error)). Check mode reads nothing and changes nothing.
 options:
   proxy_url:
     description: Base URL of the proxy, for example C(http://127.0.0.1:8000).
     type: str
     required: true
   role:
-    description: Instance type of the ranks in the proxy.
+    description: Instance type of the ranks in the proxy (C(drained), C(restored)).
     type: str
     choices: [prefill, decode]
-    required: true
   instances:
-    description: The ranks, as the proxy lists them (C(address:port)).
+    description: The ranks, as the proxy lists them (C(address:port)) (C(drained), C(restored)).
     type: list
     elements: str
-    required: true
+  want:
+    description: With C(state=wired), the instances the proxy must list ({prefill, decode} of C(address:port)).
+    type: dict
   state:
-    description: C(drained) takes them out, C(restored) puts them back.
+    description: C(drained) takes them out, C(restored) puts them back, C(wired) re-wires to O(want).
     type: str
-    choices: [drained, restored]
+    choices: [drained, restored, wired]
     required: true
   isolated:
     description: With C(state=restored), the ranks the drain left listed (its C(isolated) result).
@@ -84,6 +87,14 @@ missing:
   description: (restored) Ranks not listed at the end.
   type: list
   returned: when state is restored
+wired:
+  description: (wired) The proxy lists O(want) (dropped instances drained, new ones listed).
+  type: bool
+  returned: when state is wired
+added:
+  description: (wired) {role -> instances added}.
+  type: dict
+  returned: when state is wired
 waited_s:
   description: Seconds spent.
   type: float
@@ -95,27 +106,32 @@ error:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.pd_drain import drain, restore
+from ansible.module_utils.pd_drain import drain, restore, wire
 
 
 def main():
     module = AnsibleModule(
         argument_spec={
             "proxy_url": {"type": "str", "required": True},
-            "role": {"type": "str", "choices": ["prefill", "decode"], "required": True},
-            "instances": {"type": "list", "elements": "str", "required": True},
-            "state": {"type": "str", "choices": ["drained", "restored"], "required": True},
+            "role": {"type": "str", "choices": ["prefill", "decode"]},
+            "instances": {"type": "list", "elements": "str"},
+            "want": {"type": "dict"},
+            "state": {"type": "str", "choices": ["drained", "restored", "wired"], "required": True},
             "isolated": {"type": "list", "elements": "str", "default": []},
             "timeout_s": {"type": "float", "default": 60.0},
             "interval_s": {"type": "float", "default": 0.5},
         },
         supports_check_mode=True,
+        required_if=[("state", "drained", ("role", "instances")), ("state", "restored", ("role", "instances")),
+                     ("state", "wired", ("want",))],
     )
     p = module.params
     if module.check_mode:
         module.exit_json(changed=False, skipped=True, waited_s=0.0, error="", msg="not drained in check mode")
     url = p["proxy_url"].rstrip("/")
-    if p["state"] == "drained":
+    if p["state"] == "wired":
+        result = wire(url, p["want"], p["timeout_s"], p["interval_s"])
+    elif p["state"] == "drained":
         result = drain(url, p["role"], p["instances"], p["timeout_s"], p["interval_s"])
     else:
         result = restore(url, p["role"], p["instances"], p["isolated"], p["timeout_s"], p["interval_s"])

@@ -52,6 +52,18 @@ def _adjust(proxy_url, mode, role, keys, send, timeout):
     return answer, ""
 
 
+def listed_instances(proxy_url, timeout=5.0, send=request):
+    """{prefill: [keys], decode: [keys]} a running proxy lists, read with an empty /instances/add (which
+    changes nothing), or {error: text}."""
+    out = {}
+    for role in ("prefill", "decode"):
+        answer, error = _adjust(proxy_url, "add", role, [], send, timeout)
+        if answer is None:
+            return {"error": error}
+        out[role] = sorted(_listed(answer, role))
+    return out
+
+
 def _engines_busy(keys, send, timeout):
     """{key: requests in flight} of the engines that have some (an engine that does not answer has none)."""
     busy = {}
@@ -127,3 +139,35 @@ def restore(proxy_url, role, keys, isolated, timeout_s, interval_s=0.5, request_
         if clock() - start >= timeout_s:
             return out
         sleep(interval_s)
+
+
+def wire(proxy_url, want, timeout_s, interval_s=0.5, request_timeout=5.0,
+         clock=time.monotonic, sleep=time.sleep, send=request):
+    """Re-wire a running proxy to ``want`` ({prefill: [keys], decode: [keys]}): instances it lists but
+    ``want`` does not are drained out (remove, wait until unlisted or idle), the missing ones added (wait
+    until listed). Each bounded by ``timeout_s``; ``wired`` is whether every missing instance is listed
+    now (a drain that ended on its bound leaves an isolated instance, which the proxy no longer picks).
+    Returns {wired: bool, removed: {role: [keys]}, added:
+    {role: [keys]}, drains: {role: drain result}, restores: {role: restore result}, error}.
+    """
+    now = listed_instances(proxy_url, request_timeout, send)
+    out = {"wired": False, "removed": {}, "added": {}, "drains": {}, "restores": {}, "error": now.get("error", "")}
+    if "error" in now:
+        return out
+    ok = True
+    for role in ("prefill", "decode"):
+        extra = [k for k in now[role] if k not in want.get(role, [])]
+        missing = [k for k in want.get(role, []) if k not in now[role]]
+        if extra:
+            res = drain(proxy_url, role, extra, timeout_s, interval_s, request_timeout, clock, sleep, send)
+            # an isolated instance is never picked while another one is listed: its container can go
+            # even when the bound ended the wait (the result says so)
+            out["drains"][role] = res
+            out["removed"][role] = extra
+        if missing:
+            res = restore(proxy_url, role, missing, [], timeout_s, interval_s, request_timeout, clock, sleep, send)
+            out["restores"][role] = res
+            out["added"][role] = missing
+            ok = ok and res["restored"]
+    out["wired"] = ok
+    return out

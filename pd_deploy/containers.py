@@ -170,9 +170,30 @@ def running_previous(containers):
 
 
 def probe_specs(specs):
-    """The health-relevant part of launch specs, as pd_host_probe takes them."""
-    return [{"name": s["name"], "hash": s["labels"]["pd.spec-hash"], "health_url": s.get("health_url") or ""}
+    """The health-relevant part of launch specs, as pd_host_probe takes them (a proxy's also the URL
+    its instance lists are read from)."""
+    return [dict({"name": s["name"], "hash": s["labels"]["pd.spec-hash"], "health_url": s.get("health_url") or ""},
+                 **({"wiring_url": f"http://127.0.0.1:{s['ports']['http']}"} if s.get("kind") == "proxy" else {}))
             for s in specs]
+
+
+def wiring_differs(proxy, wiring):
+    """Whether a running proxy lists other instances than its spec's backends (``wiring`` is
+    pd_host_probe's reading for it; None or an error: not known, so no)."""
+    if not proxy or not isinstance(wiring, Mapping) or "error" in wiring:
+        return False
+    want = proxy.get("backends") or {}
+    return any(sorted(wiring.get(role) or []) != sorted(want.get(role) or []) for role in ("prefill", "decode"))
+
+
+def orphans(entry, containers):
+    """Containers of this host's cluster that no launch spec of the plan names any more (ranks of
+    instances the inventory dropped), without kept previous containers and baseline engines
+    (playbooks/baseline.yml)."""
+    names = {s["name"] for s in host_specs(entry)}
+    return [c["name"] for c in _observed(containers, "pd_orphans").values()
+            if c.get("cluster") == entry["cluster"] and c["name"] not in names and not c["name"].endswith(PREVIOUS)
+            and not c.get("baseline")]
 
 
 def health_checks(specs):
@@ -278,6 +299,7 @@ def port_conflicts(specs, in_use, own_running):
 
 
 FILTERS = {
+    "pd_orphans": orphans,
     "pd_clean_log": clean_log,
     "pd_docker_logs": docker_logs,
     "pd_host_specs": host_specs,

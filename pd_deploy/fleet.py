@@ -11,7 +11,7 @@ import math
 import jsonschema
 
 from pd_deploy import capacity, datafiles, guards, inventory, model, ports, rules, secrets, sizes, versions
-from pd_deploy.containers import containers_to_start, host_specs, spec_ports, start_reason
+from pd_deploy.containers import containers_to_start, host_specs, orphans, spec_ports, start_reason, wiring_differs
 from pd_deploy.errors import PdError
 
 HOST_VARS = inventory.HOST_FACTS
@@ -503,13 +503,18 @@ def rollout_targets(plan, probes, play_hosts):
     ``probes`` is {host: pd_host_probe result}. Returns {"hosts": [hosts of the clusters to roll, in
     play order], "batches": the play's serial list for them, "changed": [clusters], "unchanged":
     [clusters], "pending": {host: [container names not running their spec]}, "reasons": {host: {name: why
-    it is started, in words}}}.
+    it is started or re-wired, in words}}, "removed": {host: [containers of ranks the inventory no
+    longer has]}}. A cluster is also rolled when its running proxy lists other instances than the plan
+    (re-wired live, not recreated: its spec hash leaves its backends out) or a host runs such a
+    container (drained out of the proxy, then removed).
     """
     if not isinstance(probes, dict):
         raise PdError("pd_rollout_targets", "probes", "expected {host: pd_host_probe result}",
                       "pass the registered probe of every play host (roles/pd_prechecks)")
     pending = {}
     reasons = {}
+    rewire = []
+    removed = {}
     touched = []
     for host in play_hosts:
         entry = plan["hosts"].get(host)
@@ -525,11 +530,20 @@ def rollout_targets(plan, probes, play_hosts):
         if todo:
             pending[host] = [s["name"] for s in todo]
             reasons[host] = {s["name"]: start_reason(s, probe["containers"]) for s in todo}
-    changed = [c for c in touched if any(plan["hosts"][h]["cluster"] == c for h in pending)]
+        proxy = entry.get("proxy")
+        if proxy and proxy["name"] not in pending.get(host, []) and \
+                wiring_differs(proxy, (probe.get("wiring") or {}).get(proxy["name"])):
+            rewire.append(entry["cluster"])
+            reasons.setdefault(host, {})[proxy["name"]] = "re-wired live: its instances were added or removed"
+        dropped = orphans(entry, probe["containers"])
+        if dropped:
+            removed[host] = dropped
+    changed = [c for c in touched if any(plan["hosts"][h]["cluster"] == c for h in list(pending) + list(removed))
+               or c in rewire]
     hosts = [h for h in play_hosts if h in plan["hosts"] and plan["hosts"][h]["cluster"] in changed]
     return {"hosts": hosts, "batches": rollout_batches(hosts, plan["hosts"]) if hosts else [1],
             "changed": changed, "unchanged": [c for c in touched if c not in changed], "pending": pending,
-            "reasons": reasons}
+            "reasons": reasons, "removed": removed}
 
 
 def lock_hosts(plan, play_hosts):

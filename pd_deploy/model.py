@@ -383,10 +383,36 @@ def compact_json(value):
     return json.dumps(value, separators=(",", ":"))
 
 
+#: proxy flags that list its backends: set live (/instances/add, /instances/remove), not in its hash
+BACKEND_FLAGS = ("--prefiller-hosts", "--prefiller-ports", "--decoder-hosts", "--decoder-ports")
+
+
 def spec_hash(spec):
-    """sha256 of a launch spec without its labels (what the engine role compares)."""
-    body = {k: v for k, v in spec.items() if k != "labels"}
+    """sha256 of a launch spec without its labels (what the engine role compares).
+
+    A proxy's backend lists (``backends`` and the values of BACKEND_FLAGS in its command) are left out:
+    adding or removing P/D instances re-wires the running proxy (/instances/add, /instances/remove)
+    instead of recreating it. Its command still names the backends of the launch, which a
+    re-created proxy starts with.
+    """
+    body = {k: v for k, v in spec.items() if k not in ("labels", "backends")}
+    if spec.get("kind") == "proxy":
+        body["command"] = _without_backends(spec["command"])
     return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+
+
+def _without_backends(command):
+    out, skipping = [], False
+    for arg in command:
+        if arg in BACKEND_FLAGS:
+            out.append(arg)
+            skipping = True
+        elif skipping and not arg.startswith("--"):
+            continue
+        else:
+            skipping = False
+            out.append(arg)
+    return out
 
 
 def _labels(cluster, spec, extra):
@@ -520,6 +546,9 @@ def proxy_spec(cluster, topo):
         "restart_policy": cluster["restart_policy"],
         "ports": {"http": proxy["port"]},
         "health_url": f"http://127.0.0.1:{proxy['port']}/healthcheck",
+        # the instances it serves, as it lists them (address:port): the rollout re-wires a running
+        # proxy to these (pd_proxy_drain state=wired)
+        "backends": {role: [f"{r['address']}:{r['port']}" for r in ranks[role]] for role in ROLES},
         "health_timeout_s": 300,
     }
     spec["labels"] = _labels(cluster, spec, {})

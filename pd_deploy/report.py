@@ -139,6 +139,10 @@ def rollout_summary(plan, play_hosts, targets=None, dry_run=False, outcomes=None
         for host, spec, label in specs:
             why = (reasons.get(host) or {}).get(spec["name"])
             out.append(f"  {label} on {host} port {spec['ports']['http']}" + (f": {why}" if why else ""))
+        if name in changed:
+            removed = (targets or {}).get("removed") or {}
+            out.extend(f"  {'would remove' if dry_run else 'removed'} {c} on {h}: its instance is no longer in the"
+                       " inventory (taken out of the proxy first)" for h in summary["hosts"] for c in removed.get(h, []))
     return out + _unreachable_lines(observed)
 
 

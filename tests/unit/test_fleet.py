@@ -362,7 +362,7 @@ def test_a_converged_fleet_rolls_nothing():
     plan = fleet.plan_fleet(example_fleet())
     targets = fleet.rollout_targets(plan, converged_probes(plan), HOSTS)
     assert targets == {"hosts": [], "batches": [1], "changed": [], "unchanged": ["cluster_a", "cluster_b"],
-                       "pending": {}, "reasons": {}}
+                       "pending": {}, "reasons": {}, "removed": {}}
 
 
 def test_a_fresh_fleet_rolls_every_cluster_in_play_order():
@@ -662,3 +662,82 @@ def test_several_serving_instances_roll_one_at_a_time_after_the_new_ones():
     # drain_timeout_s 0 turns the drain off: everything starts together
     plan["clusters"]["cluster_b"]["drain_timeout_s"] = 0
     assert [w["drain"] for w in _waves(plan, probes)] == [[]]
+
+
+# ---- elastic P/D: the proxy is re-wired, not recreated ----------------------------------------
+
+def test_the_proxy_hash_leaves_its_backends_out_so_scaling_does_not_recreate_it():
+    b = cluster_b()
+    small = fleet.plan_fleet(example_fleet(b=dict(b, decode={"instances": 1, "dp": 2, "engine": {"block_size": 128}})))
+    large = fleet.plan_fleet(example_fleet(b=dict(b, decode={"instances": 2, "dp": 2, "engine": {"block_size": 128}})))
+    p_small, p_large = (p["clusters"]["cluster_b"]["proxy"] for p in (small, large))
+    assert p_small["command"] != p_large["command"]  # a re-created proxy starts with every instance
+    assert p_small["labels"]["pd.spec-hash"] == p_large["labels"]["pd.spec-hash"]
+    assert len(p_large["backends"]["decode"]) == 4 and len(p_small["backends"]["decode"]) == 2
+    # anything else of the proxy still changes its hash
+    moved = fleet.plan_fleet(example_fleet(b=dict(b, proxy={"port": 8001})))
+    assert moved["clusters"]["cluster_b"]["proxy"]["labels"]["pd.spec-hash"] != \
+        fleet.plan_fleet(example_fleet())["clusters"]["cluster_b"]["proxy"]["labels"]["pd.spec-hash"]
+
+
+def _scaled(instances):
+    b = cluster_b()
+    b["decode"] = {"instances": instances, "dp": 2, "engine": {"block_size": 128}}
+    return fleet.plan_fleet(example_fleet(b=b))
+
+
+def test_scaling_out_starts_only_the_new_ranks_and_rewires_the_proxy():
+    before, after = _scaled(1), _scaled(2)
+    probes = converged_probes(before)
+    proxy = before["clusters"]["cluster_b"]["proxy"]
+    probes["b-p0"]["wiring"] = {proxy["name"]: proxy["backends"]}
+    targets = fleet.rollout_targets(after, probes, HOSTS)
+    new = [r["name"] for r in after["clusters"]["cluster_b"]["instances"]["decode"][1]["ranks"]]
+    assert targets["changed"] == ["cluster_b"]
+    assert sorted(n for names in targets["pending"].values() for n in names) == sorted(new)
+    assert targets["removed"] == {}
+    waves = fleet.rollout_waves(after, "cluster_b", "decode", probes)
+    assert waves == [dict(waves[0], names=new, drain=[])]  # only the new ranks, no drain
+
+
+def test_scaling_in_removes_the_dropped_ranks_and_rewires_the_proxy():
+    before, after = _scaled(2), _scaled(1)
+    probes = converged_probes(before)
+    for host in probes:
+        for c in probes[host]["containers"]:
+            c["cluster"] = before["hosts"][host]["cluster"]
+    proxy = before["clusters"]["cluster_b"]["proxy"]
+    probes["b-p0"]["wiring"] = {proxy["name"]: proxy["backends"]}
+    targets = fleet.rollout_targets(after, probes, HOSTS)
+    dropped = [r for r in before["clusters"]["cluster_b"]["instances"]["decode"][1]["ranks"]]
+    assert targets["changed"] == ["cluster_b"] and targets["pending"] == {}
+    assert sorted(n for names in targets["removed"].values() for n in names) == sorted(r["name"] for r in dropped)
+    assert "cluster_a" in targets["unchanged"]
+    from pd_deploy import report
+    lines = report.rollout_summary(after, HOSTS, targets, outcomes={h: {"done": True} for h in targets["hosts"]})
+    assert any(line.startswith(f"  removed {dropped[0]['name']} on ") for line in lines)
+    assert any(line.endswith("re-wired live: its instances were added or removed") for line in lines)
+
+
+def test_a_proxy_wired_as_planned_or_unreadable_is_no_change():
+    plan = _scaled(1)
+    probes = converged_probes(plan)
+    proxy = plan["clusters"]["cluster_b"]["proxy"]
+    for wiring in (proxy["backends"], {"error": "ConnectionRefusedError"}, None):
+        probes["b-p0"]["wiring"] = {proxy["name"]: wiring} if wiring is not None else {}
+        assert fleet.rollout_targets(plan, probes, HOSTS)["changed"] == []
+    # listed in another order: still the same instances
+    probes["b-p0"]["wiring"] = {proxy["name"]: {r: list(reversed(k)) for r, k in proxy["backends"].items()}}
+    assert fleet.rollout_targets(plan, probes, HOSTS)["changed"] == []
+
+
+def test_kept_previous_and_baseline_containers_are_not_orphans():
+    from pd_deploy import containers
+    plan = _scaled(1)
+    entry = plan["hosts"]["b-d0"]
+    rank = entry["specs"][0]["name"]
+    found = [{"name": rank, "cluster": "cluster_b"}, {"name": rank + "-previous", "cluster": "cluster_b"},
+             {"name": rank + "-baseline", "cluster": "cluster_b", "baseline": True},
+             {"name": "pd-cluster_b-decode7-dp0", "cluster": "cluster_b"},
+             {"name": "pd-cluster_a-decode0-dp0", "cluster": "cluster_a"}]
+    assert containers.orphans(entry, found) == ["pd-cluster_b-decode7-dp0"]

@@ -311,11 +311,12 @@ def test_disk_free_is_the_space_left_to_unprivileged_users(tmp_path):
 
 def test_containers_and_images_from_the_docker_api(docker_socket):
     ok, msg, found = probe_mod.list_containers(docker_socket, "pd.managed-by=pd-deploy")
+    rest = {"cluster": "", "baseline": False}  # the fake API's containers carry no pd.cluster label
     assert ok and msg == ""
     assert found == [
-        {"name": "pd-c-decode0-dp0", "state": "running", "running": True, "hash": "h0"},
-        {"name": "pd-c-decode0-dp1", "state": "exited", "running": False, "hash": "h1"},
-        {"name": "pd-c-decode0-dp1-previous", "state": "exited", "running": False, "hash": "h-old"},
+        {"name": "pd-c-decode0-dp0", "state": "running", "running": True, "hash": "h0", **rest},
+        {"name": "pd-c-decode0-dp1", "state": "exited", "running": False, "hash": "h1", **rest},
+        {"name": "pd-c-decode0-dp1-previous", "state": "exited", "running": False, "hash": "h-old", **rest},
     ]
     missing = probe_mod.missing_images(docker_socket, ["registry.local/vllm-ascend:v0.25.1", "other:1"])
     assert missing == ["other:1"]

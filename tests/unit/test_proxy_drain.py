@@ -176,3 +176,33 @@ def test_while_the_proxy_is_never_idle_an_isolated_rank_cannot_come_back_and_the
     thread.join()
     back = pd_drain.restore(proxy.url, "decode", [key(idle)], stuck["still_isolated"], timeout_s=10, interval_s=0.1)
     assert back["restored"] and sorted(listed(proxy)) == sorted([key(busy), key(idle)])
+
+
+def test_wire_adds_new_instances_and_drains_out_dropped_ones(pd, tmp_path):
+    prefill, decode, proxy = pd
+    assert pd_drain.listed_instances(proxy.url) == {"prefill": [key(prefill[0])],
+                                                    "decode": sorted([key(decode[0]), key(decode[1])])}
+    extra = Servers(tmp_path / "more")
+    (tmp_path / "more").mkdir()
+    try:
+        third = extra.engine(*COMMON, "--kv-transfer-config", D_KTC, env=clean_env(PD_STANDIN_TOKEN_SECONDS=TOKEN_S))
+        # scale out: the new decode engine is added once it answers
+        want = {"prefill": [key(prefill[0])], "decode": [key(d) for d in (*decode, third)]}
+        out = pd_drain.wire(proxy.url, want, timeout_s=10, interval_s=0.1)
+        assert out["wired"] and out["added"] == {"decode": [key(third)]} and out["removed"] == {}
+        assert sorted(listed(proxy)) == sorted(want["decode"])
+        # scale in while a request runs on the dropped engine: it is drained, the request answered
+        results = []
+        thread = slow_request(proxy, 20, results)
+        busy = busy_decode([*decode, third])
+        want = {"prefill": [key(prefill[0])], "decode": [key(d) for d in (*decode, third) if d is not busy]}
+        out = pd_drain.wire(proxy.url, want, timeout_s=30, interval_s=0.1)
+        thread.join()
+        assert out["wired"] and out["removed"] == {"decode": [key(busy)]} and results[0][0] == 200
+        assert pd_drain.in_flight(http("GET", busy.url + "/metrics")[2].decode()) == 0
+        # wired as wanted: nothing to do
+        again = pd_drain.wire(proxy.url, want, timeout_s=5, interval_s=0.1)
+        assert again["wired"] and again["added"] == {} and again["removed"] == {}
+    finally:
+        extra.stop_all()
+    assert "error" in pd_drain.listed_instances("http://127.0.0.1:1", timeout=1)
