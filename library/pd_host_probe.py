@@ -115,7 +115,7 @@ docker:
   type: dict
   returned: always
 containers:
-  description: Every labelled container (name, state, running, hash, cluster, baseline).
+  description: Every labelled container (name, state, running, hash, cluster, host, baseline).
   type: list
   returned: always
 images_missing:
@@ -218,7 +218,8 @@ def list_containers(socket_path, label):
         names = item.get("Names") or ["?"]
         out.append({"name": names[0].lstrip("/"), "state": item.get("State", ""),
                     "running": item.get("State") == "running", "hash": labels.get("pd.spec-hash", ""),
-                    "cluster": labels.get("pd.cluster", ""), "baseline": labels.get("pd.baseline") == "true"})
+                    "cluster": labels.get("pd.cluster", ""), "host": labels.get("pd.host", ""),
+                    "baseline": labels.get("pd.baseline") == "true"})
     return True, "", sorted(out, key=lambda c: c["name"])
 
 

@@ -186,14 +186,15 @@ def wiring_differs(proxy, wiring):
     return any(sorted(wiring.get(role) or []) != sorted(want.get(role) or []) for role in ("prefill", "decode"))
 
 
-def orphans(entry, containers):
-    """Containers of this host's cluster that no launch spec of the plan names any more (ranks of
-    instances the inventory dropped), without kept previous containers and baseline engines
-    (playbooks/baseline.yml)."""
+def orphans(entry, containers, host):
+    """Containers of ``host`` (its ``pd.host`` label) and of this host's cluster that no launch spec of
+    the plan names any more (ranks of instances the inventory dropped), without kept previous
+    containers and baseline engines (playbooks/baseline.yml). A container without the label (made
+    by an older pd-deploy) is never taken for one."""
     names = {s["name"] for s in host_specs(entry)}
     return [c["name"] for c in _observed(containers, "pd_orphans").values()
-            if c.get("cluster") == entry["cluster"] and c["name"] not in names and not c["name"].endswith(PREVIOUS)
-            and not c.get("baseline")]
+            if c.get("cluster") == entry["cluster"] and c.get("host") == host and c["name"] not in names
+            and not c["name"].endswith(PREVIOUS) and not c.get("baseline")]
 
 
 def health_checks(specs):

@@ -535,7 +535,7 @@ def rollout_targets(plan, probes, play_hosts):
                 wiring_differs(proxy, (probe.get("wiring") or {}).get(proxy["name"])):
             rewire.append(entry["cluster"])
             reasons.setdefault(host, {})[proxy["name"]] = "re-wired live: its instances were added or removed"
-        dropped = orphans(entry, probe["containers"])
+        dropped = orphans(entry, probe["containers"], host)
         if dropped:
             removed[host] = dropped
     changed = [c for c in touched if any(plan["hosts"][h]["cluster"] == c for h in list(pending) + list(removed))

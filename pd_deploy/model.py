@@ -421,6 +421,9 @@ def _labels(cluster, spec, extra):
         "pd.role": spec["role"],
         "pd.vllm-ascend-version": cluster["vllm_ascend_version"],
         "pd.managed-by": "pd-deploy",
+        # the inventory host it runs on: what a host's Docker lists beyond it is not its own (and
+        # not part of the hash: adding it recreated nothing)
+        "pd.host": spec["host"],
     }
     labels.update(extra)
     labels["pd.spec-hash"] = spec_hash(spec)

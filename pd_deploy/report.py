@@ -199,7 +199,8 @@ def _cluster_after_failure(name, summary, specs, failed, outcomes, observed):
     for host in summary["hosts"]:
         found = (observed.get(host) or {}).get("containers") or {}
         for cname, c in sorted(found.items()):
-            if cname.endswith(PREVIOUS):
+            # a host's Docker may list other hosts' containers (one daemon behind several test hosts)
+            if cname.endswith(PREVIOUS) and c.get("host", "") in ("", host) and c.get("cluster", name) == name:
                 run = "RUNNING (it must stay stopped)" if c.get("running") else "stopped"
                 lines.append(f"  leftover {cname} on {host}, {run}: a replacement is unfinished; the next deploy"
                              " finishes it or rolls it back to this container")

@@ -19,7 +19,7 @@
 #   MOLECULE         molecule command (default: the repo's .venv/bin/molecule, else PATH)
 #   PD_MOLECULE_LOGS directory for per-scenario logs (default /tmp/pd-molecule-logs)
 #   PD_MOLECULE_SIDE_LANE  scenarios run one after the other in a background lane beside the others
-#                    when more than one scenario runs (default "real-engine ops rolling": real-engine mostly
+#                    when more than one scenario runs (default "real-engine ops reject": real-engine mostly
 #                    waits for the real vLLM, and the two lanes take about as long; ports, clusters and
 #                    instances of the side lane are their own, tests/render/test_molecule_inventories.py
 #                    checks the ports); "" runs every scenario in order
@@ -98,7 +98,7 @@ side=()
 main_lane=()
 for s in "${scenarios[@]}"; do
   rm -f "$LOG_DIR/$s.result"
-  if [[ " ${PD_MOLECULE_SIDE_LANE-real-engine ops rolling} " == *" $s "* ]] && ((${#scenarios[@]} > 1)); then
+  if [[ " ${PD_MOLECULE_SIDE_LANE-real-engine ops reject} " == *" $s "* ]] && ((${#scenarios[@]} > 1)); then
     side+=("$s")
   else
     main_lane+=("$s")

@@ -705,7 +705,7 @@ def test_scaling_in_removes_the_dropped_ranks_and_rewires_the_proxy():
     probes = converged_probes(before)
     for host in probes:
         for c in probes[host]["containers"]:
-            c["cluster"] = before["hosts"][host]["cluster"]
+            c.update(cluster=before["hosts"][host]["cluster"], host=host)
     proxy = before["clusters"]["cluster_b"]["proxy"]
     probes["b-p0"]["wiring"] = {proxy["name"]: proxy["backends"]}
     targets = fleet.rollout_targets(after, probes, HOSTS)
@@ -731,13 +731,26 @@ def test_a_proxy_wired_as_planned_or_unreadable_is_no_change():
     assert fleet.rollout_targets(plan, probes, HOSTS)["changed"] == []
 
 
-def test_kept_previous_and_baseline_containers_are_not_orphans():
+def test_only_this_hosts_dropped_ranks_are_orphans_not_kept_previous_or_baseline_containers():
     from pd_deploy import containers
     plan = _scaled(1)
     entry = plan["hosts"]["b-d0"]
     rank = entry["specs"][0]["name"]
-    found = [{"name": rank, "cluster": "cluster_b"}, {"name": rank + "-previous", "cluster": "cluster_b"},
-             {"name": rank + "-baseline", "cluster": "cluster_b", "baseline": True},
-             {"name": "pd-cluster_b-decode7-dp0", "cluster": "cluster_b"},
-             {"name": "pd-cluster_a-decode0-dp0", "cluster": "cluster_a"}]
-    assert containers.orphans(entry, found) == ["pd-cluster_b-decode7-dp0"]
+    mine = {"cluster": "cluster_b", "host": "b-d0"}
+    found = [dict(mine, name=rank), dict(mine, name=rank + "-previous"),
+             dict(mine, name=rank + "-baseline", baseline=True),
+             dict(mine, name="pd-cluster_b-decode7-dp0"),
+             {"name": "pd-cluster_b-decode8-dp0", "cluster": "cluster_b", "host": "b-d1"},  # another host's
+             {"name": "pd-cluster_b-decode9-dp0", "cluster": "cluster_b"},  # no pd.host: an older pd-deploy's
+             {"name": "pd-cluster_a-decode0-dp0", "cluster": "cluster_a", "host": "b-d0"}]
+    assert containers.orphans(entry, found, "b-d0") == ["pd-cluster_b-decode7-dp0"]
+
+
+def test_a_docker_daemon_that_lists_other_hosts_containers_finds_no_orphans():
+    # Molecule's simulated hosts share one Docker daemon: each probe lists every host's containers
+    plan = _scaled(2)
+    probes = converged_probes(plan)
+    every = [dict(c, cluster=plan["hosts"][h]["cluster"], host=h) for h in probes for c in probes[h]["containers"]]
+    shared = {h: {"containers": every} for h in probes}
+    targets = fleet.rollout_targets(plan, shared, HOSTS)
+    assert targets["changed"] == [] and targets["removed"] == {}

@@ -311,7 +311,7 @@ def test_disk_free_is_the_space_left_to_unprivileged_users(tmp_path):
 
 def test_containers_and_images_from_the_docker_api(docker_socket):
     ok, msg, found = probe_mod.list_containers(docker_socket, "pd.managed-by=pd-deploy")
-    rest = {"cluster": "", "baseline": False}  # the fake API's containers carry no pd.cluster label
+    rest = {"cluster": "", "host": "", "baseline": False}  # the fake API's containers carry no such labels
     assert ok and msg == ""
     assert found == [
         {"name": "pd-c-decode0-dp0", "state": "running", "running": True, "hash": "h0", **rest},
