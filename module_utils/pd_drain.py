@@ -1,7 +1,8 @@
 """Take engine ranks out of a running PD proxy before they are replaced, and put them back after.
 
 Follows vllm-ascend's proxy (examples/disaggregated_prefill_v1/load_balance_proxy_server_example.py,
-read at main 182b75ea84; the same routes since v0.23.0):
+read at main 182b75ea84 and at v0.23.0 5cb98caaad: remove_instances, add_instances,
+activate_waiting_instance and finalize_tainted_instances behave the same on both):
 
 - ``POST /instances/remove {type, instances: ["host:port"]}`` drops the instances at once when the
   proxy has no request in flight at all; otherwise it only *isolates* them (tainted: they stay listed,

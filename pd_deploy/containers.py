@@ -144,16 +144,18 @@ def replacement_plan(specs, containers, _where="pd_replacement_plan"):
 
 
 def start_reason(spec, containers):
-    """Why a deploy starts a spec, in words for the summary (None: it runs its spec and needs nothing)."""
-    observed = _observed(containers, "pd_start_reason")
-    state = spec_state(spec, observed)
-    kept = observed.get(spec["name"] + PREVIOUS) is not None
-    if kept and state == "current":
+    """Why a deploy starts a spec, in words for the summary (None: it runs its spec and needs nothing),
+    from the same decision as the container role's (replacement_plan)."""
+    plan = replacement_plan([spec], containers, "pd_start_reason")
+    if spec["name"] in plan["finish"]:
         return "an interrupted replacement, finished"
-    if kept and state != "changed":
+    if spec["name"] in plan["interrupted"]:
         return "an interrupted replacement, started afresh"
+    if not plan["start"]:
+        return None
     return {"absent": "started: it did not exist", "changed": "recreated: its launch spec changed",
-            "stopped": "restarted: it was not running (same launch spec)"}.get(state)
+            "stopped": "restarted: it was not running (same launch spec)"}[
+        spec_state(spec, _observed(containers, "pd_start_reason"))]
 
 
 def containers_to_start(specs, containers):

@@ -5,7 +5,7 @@ import os
 import re
 
 from pd_deploy import sizes
-from pd_deploy.containers import PREVIOUS, host_specs
+from pd_deploy.containers import PREVIOUS, host_specs, spec_state
 
 
 def _counts(plan):
@@ -115,8 +115,9 @@ def rollout_summary(plan, play_hosts, targets=None, dry_run=False, outcomes=None
     cluster is rolled out (with ``dry_run``, --check: would be), unchanged, failed during its rollout, or
     not rolled out because the deploy stopped first. ``outcomes`` is {host: pd_rollout_outcome fact} of
     the rolled hosts ({done: true}, or {done: false, task, msg} from the rollout's rescue; missing: the
-    host's batch never ended; None: not known, as for a render). When a rolled host did not finish, the deploy failed: ``probes`` ({host:
-    pd_host_probe result read after the failure, or an unreachable/failed task result}) then tell each
+    host's batch never ended; None: not known, as for a render). When a rolled host did not finish,
+    the deploy failed: ``probes`` ({host: pd_host_probe result read after the failure, or an
+    unreachable/failed task result}) then tell each
     container's spec as it is now (current / old / not running / missing), the kept previous containers
     left over and the hosts that could not be read. Returns the report's lines.
     """
@@ -216,18 +217,17 @@ def _cluster_after_failure(name, summary, specs, failed, outcomes, observed):
 
 
 def _container_state(spec, seen):
-    """One container's state in words, from a host's probe after a failure."""
+    """One container's state in words, from a host's probe after a failure (containers.spec_state)."""
     if seen is None:
         return "unknown (its host was not read)"
     if "error" in seen:
         return "unknown (its host could not be read)"
-    found = seen["containers"].get(spec["name"])
-    if found is None:
+    state = spec_state(spec, seen["containers"])
+    if state == "absent":
         return "MISSING (no container)"
+    found = seen["containers"][spec["name"]]
     run = "running" if found.get("running") else f"NOT running ({found.get('state') or 'stopped'})"
-    if found.get("hash") == spec["labels"]["pd.spec-hash"]:
-        return f"current launch spec, {run}"
-    return f"OLD launch spec, {run}"
+    return f"{'OLD' if state == 'changed' else 'current'} launch spec, {run}"
 
 
 def _unreachable_lines(observed):
