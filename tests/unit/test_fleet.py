@@ -514,6 +514,8 @@ def test_inventory_slug_names_one_safe_directory_per_inventory(sources, slug):
     (None, "started: it did not exist"),
     ("kept", "an interrupted replacement, finished"),
     ("kept-exited", "an interrupted replacement, started afresh"),
+    # the container role removes and restarts this one (replacement_plan: interrupted), not "recreated"
+    ("kept-changed-exited", "an interrupted replacement, started afresh"),
 ])
 def test_the_summary_says_why_each_container_was_started(change, reason):
     # a plain restart of an unchanged spec is not called a changed launch spec
@@ -523,10 +525,12 @@ def test_the_summary_says_why_each_container_was_started(change, reason):
     rank = probes["b-d1"]["containers"][1]
     if change is None:
         probes["b-d1"]["containers"].remove(rank)
-    elif change in ("kept", "kept-exited"):
+    elif isinstance(change, str):
         probes["b-d1"]["containers"].append(dict(rank, name=rank["name"] + "-previous", hash="old", running=False))
-        if change == "kept-exited":
+        if change.endswith("exited"):
             rank.update(running=False, state="exited")
+        if change == "kept-changed-exited":
+            rank.update(hash="another")
     else:
         rank.update(change)
     targets = fleet.rollout_targets(plan, probes, HOSTS)
