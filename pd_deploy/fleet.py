@@ -9,6 +9,7 @@ them are returned at once, and specs are only rendered for clusters without erro
 import math
 
 import jsonschema
+import jsonschema.validators
 
 from pd_deploy import capacity, datafiles, guards, inventory, model, ports, rules, secrets, sizes, versions
 from pd_deploy.containers import containers_to_start, host_specs, orphans, spec_ports, start_reason, wiring_differs
@@ -23,6 +24,51 @@ RESERVED_GROUPS = ("all", "ungrouped", "pd_clusters", "prefill", "decode")
 def schema(name):
     """A fresh copy of ``schemas/<name>``."""
     return datafiles.schema(name)
+
+
+def _strict_integer(checker, instance):
+    """JSON Schema "integer" as the engines read it: an int, not a bool, not a float.
+
+    Since draft 6 JSON Schema calls 8000.0 an integer (jsonschema 4.26.0 jsonschema/_types.py
+    draft6_type_checker accepts a float whose fraction is 0), but YAML's ``8000.0`` is a Python float:
+    rendered it becomes ``--port 8000.0``, which vLLM's argparse ``int`` / ``human_readable_int`` and the
+    proxy's ``type=int`` refuse at start, and every rule that compares ints skipped it. Refused, not
+    normalized to 8000: the operator sees the value they wrote in the plan, the rules and the renderer
+    keep one type, and ``8000.5`` must be refused anyway (README "Fail closed").
+    """
+    return isinstance(instance, int) and not isinstance(instance, bool)
+
+
+#: Draft 2020-12 with the strict integer above (every schema of pd-deploy is checked with it).
+Validator = jsonschema.validators.extend(
+    jsonschema.Draft202012Validator,
+    type_checker=jsonschema.Draft202012Validator.TYPE_CHECKER.redefine("integer", _strict_integer))
+
+
+def _number_text(value):
+    """True for a string that reads as a number (``"8000"``, ``" 0.85 "``): quoted in YAML by mistake."""
+    try:
+        float(value)
+    except (TypeError, ValueError):
+        return False
+    return isinstance(value, str) and value.strip() not in ("nan", "inf", "-inf", "infinity")
+
+
+def _type_explained(err, schema_name):
+    """(message, fix) of a number of the wrong type, or None for other type errors."""
+    expected = err.validator_value if isinstance(err.validator_value, list) else [err.validator_value]
+    value = err.instance
+    if "integer" in expected and isinstance(value, float):
+        if value.is_integer():
+            return (f"{value!r} is a float, the field takes a whole number: rendered it would read "
+                    f"{value!r}, which vLLM's and the proxy's int parsers refuse at start",
+                    f"write {int(value)} (see schemas/{schema_name})")
+        return f"{value!r} is not a whole number", f"write a whole number (see schemas/{schema_name})"
+    if ("integer" in expected or "number" in expected) and _number_text(value):
+        kind = "a whole number" if "integer" in expected else "a number"
+        return (f"{value!r} is quoted text, the field takes {kind}",
+                f"write {value.strip()} without quotes (see schemas/{schema_name})")
+    return None
 
 
 def _v(level, where, field, message, fix):
@@ -61,6 +107,10 @@ def _explain(err, schema_name):
             return exc.problem, exc.fix
         return (f"{_shown(err.instance)} is not a size here", f"write {sizes.GRAMMAR}")
     description = subschema.get("description")
+    if err.validator == "type":
+        typed = _type_explained(err, schema_name)
+        if typed:
+            return typed
     if err.validator in ("oneOf", "anyOf"):
         kinds = [c.get("type") or c.get("enum") or c.get("title") for c in err.validator_value
                  if isinstance(c, dict)]
@@ -81,7 +131,7 @@ def _explain(err, schema_name):
 
 def shape_violations(instance, schema_name, where, prefix=""):
     """Every JSON Schema error of ``instance`` as a violation, with a dotted field path."""
-    validator = jsonschema.Draft202012Validator(schema(schema_name))
+    validator = Validator(schema(schema_name))
     out = []
     for path in _non_finite(instance):
         field = ".".join(p for p in (prefix, *path) if p)

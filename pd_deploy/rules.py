@@ -257,7 +257,28 @@ def rule_engine_types(ctx):
         if not _is_int(value) or value < 1:
             out.append(_v("error", ctx["name"], f"workload.{key}", f"{value!r} is not a whole number >= 1",
                           f"set workload.{key} to the measured token count"))
+    # the ports and counts the port rules compare and the proxy parses with type=int: a float here
+    # (8000.0) would be skipped by every port rule and rendered as --port 8000.0
+    for role in ROLES:
+        for key in ("port_base", "kv_port", "dp_rpc_port"):
+            out.extend(_whole(ctx["roles"][role].get(key), _where(ctx, role), f"{role}.{key}", 1))
+    proxy = ctx["cluster"]["proxy"]
+    for key, minimum in (("port", 1), ("max_retries", 0), ("drain_timeout_s", 0)):
+        if key in proxy:
+            out.extend(_whole(proxy[key], ctx["name"], f"proxy.{key}", minimum))
+    for key in ("hccl_if_base_port", "health_timeout_s"):
+        if key in ctx["cluster"]:
+            out.extend(_whole(ctx["cluster"][key], ctx["name"], key, 1))
     return out
+
+
+def _whole(value, where, field, minimum):
+    """[] for an int >= minimum, else the violation (a float such as 8000.0 named as one)."""
+    if _is_int(value) and value >= minimum:
+        return []
+    fix = f"write {int(value)}" if isinstance(value, float) and value.is_integer() and value >= minimum \
+        else f"set {field} to a whole number >= {minimum}"
+    return [_v("error", where, field, f"{value!r} is not a whole number >= {minimum}", fix)]
 
 
 def rule_mooncake_connector_name(ctx):
