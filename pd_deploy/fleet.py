@@ -171,8 +171,12 @@ def _host_role(host):
     return roles[0], None
 
 
-def _group_hosts(fleet, violations):
-    """Return {cluster name: (raw pd_cluster, [host record])} in inventory order."""
+def _group_hosts(fleet, violations, incomplete):
+    """Return {cluster name: (raw pd_cluster, [host record])} in inventory order.
+
+    A cluster host refused for its own facts is left out and its cluster added to ``incomplete``: that
+    cluster is not placed (its missing host would only show again as NPUs short, a proxy host gone).
+    """
     clusters = {}
     violations.extend(inventory.unknown_keys(
         {h["name"]: h.get("keys") or [] for h in fleet["hosts"]}, inventory.known_variables()))
@@ -211,11 +215,13 @@ def _group_hosts(fleet, violations):
                                       "host.schema.json", host["name"])
         if facts or host_shape:
             violations.extend(facts + host_shape)
+            incomplete.add(name)
             continue
         try:
             record = model.host_record(host["name"], role, hv)
         except PdError as exc:
             violations.append(_v("error", exc.where, exc.field, exc.problem, exc.fix))
+            incomplete.add(name)
             continue
         record["allow_idle"] = hv.get("pd_allow_idle_hosts") is True
         record["api_key"] = secrets.host_key_fact(hv.get("pd_api_key"))  # a redaction, never the key
@@ -327,15 +333,17 @@ def capacity_summary(cluster, topo, specs):
     return out
 
 
-def plan_cluster(name, raw, hosts):
+def plan_cluster(name, raw, hosts, complete=True):
     """Normalize, place, check and render one cluster. Returns a dict with violations.
 
     Never raises for inventory content: a PdError of the core becomes a violation of this cluster, and
     any other exception a violation that says it is an internal error (not an aborted plan).
+    ``complete=False`` (a host of the cluster was refused for its own facts): only the cluster's own
+    values are checked, nothing is placed, so the missing host is reported once, by its fact.
     """
     result = {"name": name, "violations": [], "specs": [], "proxy": None}
     try:
-        _plan_cluster(name, raw, hosts, result)
+        _plan_cluster(name, raw, hosts, result, complete)
     except PdError as exc:
         where = exc.where if str(exc.where).startswith(name) else f"{name}: {exc.where}"
         result["violations"].append(_v("error", where, exc.field, exc.problem, exc.fix or "fix the value"))
@@ -348,7 +356,7 @@ def plan_cluster(name, raw, hosts):
     return result
 
 
-def _plan_cluster(name, raw, hosts, result):
+def _plan_cluster(name, raw, hosts, result, complete=True):
     violations = result["violations"]
     violations.extend(shape_violations(raw, "cluster.schema.json", name))
     if violations:
@@ -358,7 +366,7 @@ def _plan_cluster(name, raw, hosts, result):
     violations.extend(secrets.clear_key_violations(cluster))
     key_redaction, key_problems = secrets.cluster_key(name, hosts)
     violations.extend(key_problems)
-    if rules.has_errors(violations):
+    if rules.has_errors(violations) or not complete:
         return
     topo, problems = model.topology(cluster, hosts)
     violations.extend(problems)
@@ -425,7 +433,8 @@ def plan_fleet(fleet):
         raise PdError("pd_fleet_plan", "fleet", "expected {'hosts': [...]}",
                       "call it through playbooks/validate.yml")
     violations = []
-    grouped = _group_hosts(fleet, violations)
+    incomplete = set()
+    grouped = _group_hosts(fleet, violations, incomplete)
     if not fleet["hosts"]:
         violations.append(_v("error", "inventory", "pd_clusters",
                              "the inventory holds no cluster: the group pd_clusters has no hosts",
@@ -436,7 +445,7 @@ def plan_fleet(fleet):
     window_claims = []
     address_of = {}
     for name, (raw, hosts) in grouped.items():
-        result = plan_cluster(name, raw, hosts)
+        result = plan_cluster(name, raw, hosts, complete=name not in incomplete)
         violations.extend(result["violations"])
         for host in hosts:
             address_of[host["name"]] = host["address"]
@@ -468,11 +477,31 @@ def plan_fleet(fleet):
     violations.extend(inventory.machine_violations(
         [h for _, hosts in grouped.values() for h in hosts], all_specs))
     violations.extend(ports.check(window_claims, across_clusters_only=True))
+    violations = once(violations, {h["name"] for h in fleet["hosts"]})
     plan["violations"] = violations
     plan["ok"] = not rules.has_errors(violations)
     plan["batches"] = rollout_batches(fleet.get("limit") or [h["name"] for h in fleet["hosts"]], plan["hosts"])
     plan["messages"] = [rules.format_violation(v) for v in violations]
     return plan
+
+
+def once(violations, host_names=()):
+    """Violations that differ only in where (one problem of many hosts or clusters: a fact missing in
+    every host_vars, one group_vars value read by each of its hosts) as one, naming the places."""
+    merged = {}
+    for v in violations:
+        key = (v["level"], v["field"], v["message"], v.get("fix"))
+        entry = merged.setdefault(key, dict(v, where=[]))
+        if v["where"] not in entry["where"]:
+            entry["where"].append(v["where"])
+    out = []
+    for entry in merged.values():
+        places = entry["where"]
+        noun = "hosts" if all(p in host_names for p in places) else "places"
+        entry["where"] = ", ".join(places) if len(places) <= 3 else \
+            f"{', '.join(places[:3])} and {len(places) - 3} other {noun}"
+        out.append(entry)
+    return out
 
 
 def proxy_instances(specs, address_of):

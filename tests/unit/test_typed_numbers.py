@@ -106,7 +106,7 @@ def test_the_same_problem_on_every_host_is_reported_once_naming_the_hosts():
     plan = fleet.plan_fleet(f)
     found = errors(plan, "pd_hccl_if")
     assert len(found) == 1, plan["messages"]
-    assert "a-p0" in found[0]["where"] and "5 hosts" in found[0]["where"] + found[0]["message"], found[0]
+    assert found[0]["where"] == "a-p0, a-d0, b-p0 and 2 other hosts", found[0]
 
 
 # ---- absurd inputs are refused on their own field, with figures that can be true -----------------
