@@ -374,8 +374,17 @@ def _plan_cluster(name, raw, hosts, result, complete=True):
     result["topology"] = topo
     if rules.has_errors(problems):
         return
-    specs = [model.rank_spec(cluster, inst, rank, topo["hosts"][rank["host"]])
-             for inst in topo["instances"] for rank in inst["ranks"]]
+    try:
+        specs = [model.rank_spec(cluster, inst, rank, topo["hosts"][rank["host"]])
+                 for inst in topo["instances"] for rank in inst["ranks"]]
+    except PdError:
+        # a value the builders cannot render: the rules (rendering on their own) name it as the
+        # operator wrote it (decode.cpu_offload, not a connector's cpu_bytes_to_use_per_rank)
+        found = rules.check_cluster(cluster, topo)
+        if not rules.has_errors(found):
+            raise
+        violations.extend(found)
+        return
     violations.extend(rules.check_cluster(cluster, topo, specs))
     violations.extend(guards.spec_violations(cluster, topo, specs))
     proxy = model.proxy_spec(cluster, topo)

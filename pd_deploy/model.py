@@ -314,19 +314,35 @@ def offload_bytes(cluster, role, host):
     rcfg = cluster["roles"][role]
     kind = rcfg["offload_connector"]
     total = rcfg["cpu_offload_bytes"]
-    if kind == "none" or not total:
+    if kind == "none":
         return None, 0
     where = f"{cluster['name']}/{role}@{host['name']}"
+    field = f"{role}.cpu_offload"  # errors name the inventory field, never the connector's key
+    if not total:
+        raise PdError(where, field, f"{kind} is on but cpu_offload is 0",
+                      f"set {field} (e.g. 200GiB per host) or {role}.offload_connector: none")
     # DP ranks of this role placed on the host (a topology host record lists them); a host with
     # spare NPU slots still gives its whole cpu_offload to the ranks it really runs
     placed = sum(1 for r in host.get("ranks") or [] if r.get("role") == role)
     if kind == "RecomputeCPUOffloadConnector":
         npus_used = placed * rcfg["tp"] if placed else host["npus"]
-        per_rank = sizes.split_per_rank(total, npus_used, where=where)
+        per_rank = _split_offload(total, npus_used, "NPUs its ranks use", where, field)
         return per_rank, per_rank * rcfg["tp"]
     engines = placed or max(1, host["npus"] // rcfg["tp"])
-    per_engine = sizes.split_per_rank(total, engines, where=where)
+    per_engine = _split_offload(total, engines, "engines (DP ranks)", where, field)
     return per_engine, per_engine
+
+
+def _split_offload(total, parts, what, where, field):
+    """``total`` bytes over ``parts`` exactly, or PdError naming the inventory field and totals that divide."""
+    share, rest = divmod(total, parts)
+    if rest:
+        down, up = total - rest, total - rest + parts
+        raise PdError(where, field, f"{sizes.to_human(total)} ({total} bytes) does not divide over the {parts} "
+                      f"{what} on this host (remainder {rest} bytes)",
+                      f"set {field} to a multiple of {parts} bytes, e.g. {sizes.to_human(down) if down else '0'} "
+                      f"or {sizes.to_human(up)} ({up} bytes)")
+    return share
 
 
 def shm_bytes(rcfg, pinned):

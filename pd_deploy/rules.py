@@ -822,6 +822,8 @@ def _pinned_per_host(ctx):
     for name, host in ctx["topo"]["hosts"].items():
         roles = {r.get("role") for r in host.get("ranks") or []} & set(ROLES)
         for role in sorted(roles):
+            if ctx["roles"][role].get("cpu_offload_bytes") == 0:
+                continue  # connector on without bytes: rule_offload_bytes says so, once
             try:
                 pinned[(role, name)] = model.offload_bytes(ctx["cluster"], role, host)[1]
             except PdError as exc:
