@@ -11,7 +11,7 @@ import math
 import jsonschema
 import jsonschema.validators
 
-from pd_deploy import capacity, datafiles, guards, inventory, model, ports, rules, secrets, sizes, versions
+from pd_deploy import capacity, datafiles, guards, inventory, limits, model, ports, rules, secrets, sizes, versions
 from pd_deploy.containers import containers_to_start, host_specs, orphans, spec_ports, start_reason, wiring_differs
 from pd_deploy.errors import PdError
 
@@ -363,6 +363,8 @@ def _plan_cluster(name, raw, hosts, result, complete=True):
         return
     cluster = model.normalize(name, raw)
     violations.extend(guards.cluster_violations(cluster))
+    # values no engine would take, on the field written: the cluster stops here, so no rule repeats them
+    violations.extend(limits.cluster_violations(cluster, raw, hosts))
     violations.extend(secrets.clear_key_violations(cluster))
     key_redaction, key_problems = secrets.cluster_key(name, hosts)
     violations.extend(key_problems)
