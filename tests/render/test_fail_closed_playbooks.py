@@ -43,6 +43,7 @@ def runs(tmp_path_factory, ansible_home):
         "typo_switch": ["playbooks/deploy-pd.yml", "-i", EXAMPLE, "-e", "pd_render_onyl=true",
                         "-e", f"pd_plan_build_dir={build}/t"],
         "three": ["playbooks/validate.yml", "-i", str(three), "-e", f"pd_plan_build_dir={build}/3"],
+        "local_validate": ["validate.yml", "-e", f"pd_plan_build_dir={build}/v"],
     }
     return run_playbooks(jobs, ansible_home), build
 
@@ -98,3 +99,20 @@ def test_each_violation_is_printed_once(runs):
     for needle in ("prefill.engine.gpu_memory_utilization: 0.97", "prefill.engine.prefix_cache_retention_interval: 4000"):
         count = sum(needle in line for line in run.output.splitlines())
         assert count == 1, f"{needle!r} printed {count} times:\n{run.output[-4000:]}"
+
+
+def test_validate_without_i_says_it_checked_the_embedded_demo_inventory(runs):
+    """issue 21: it printed ok for inventories/local without saying that was the inventory it checked."""
+    run = runs[0]["local_validate"]
+    assert run.rc == 0, str(run)
+    text = flat(run)
+    assert re.search(r"Checking the inventory \S*inventories/local \(2 cluster host\(s\)\): the embedded demo "
+                     r"inventory", text), text[-3000:]
+    assert "-i inventories/<fleet>" in text
+
+
+def test_a_fleet_inventory_is_named_and_not_called_the_demo(runs):
+    run = runs[0]["three"]
+    text = flat(run)
+    assert "Checking the inventory " in text and "/three (" in text, text[-3000:]
+    assert "embedded demo inventory" not in text
