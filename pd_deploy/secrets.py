@@ -22,6 +22,7 @@ rollout) changes when the key changes while plan.json, renders and reports never
 
 import hashlib
 import hmac
+import re
 from collections.abc import Mapping
 
 from pd_deploy.errors import PdError
@@ -73,10 +74,38 @@ def host_key_fact(value):
         try:  # a vault value not yet decrypted
             value = str(value)
         except Exception as exc:  # noqa: BLE001 -- reported as a violation, never a traceback
-            return {"fact": "pd_api_key", "problem": f"cannot be read ({type(exc).__name__}: a vault value without "
-                    "its password?)", "fix": "give the vault password: --ask-vault-pass or --vault-password-file"}
+            problem, fix = vault_problem(value, exc)
+            return {"fact": "pd_api_key", "problem": problem, "fix": fix}
     problem = key_problem(value)
     return {"fact": "pd_api_key", "problem": problem} if problem else {"fact": "pd_api_key", "redaction": redaction(value)}
+
+
+#: What Ansible says when it has no vault password at all, and when none of those given decrypts the
+#: value (ansible-core 2.19 ansible/parsing/vault/__init__.py, the event of the VaultExceptionMarker
+#: an undecryptable !vault value becomes).
+VAULT_NO_SECRET = "no vault secrets found"
+VAULT_WRONG_SECRET = "decryption failed"
+
+
+def vault_problem(value, exc=None):
+    """(problem, fix) for a ``!vault`` value Ansible could not decrypt: no password given, or a wrong one.
+
+    The reason is Ansible's own message, carried by the value (a VaultExceptionMarker in ansible-core
+    2.19: ``_marker_event.msg``, its origin in ``formatted_source_context``); never the value itself.
+    """
+    event = getattr(value, "_marker_event", None)
+    said = str(getattr(event, "msg", None) or exc or "")
+    origin = re.search(r"Origin: (\S+)", str(getattr(event, "formatted_source_context", None) or ""))
+    at = f" (the !vault value at {origin.group(1)})" if origin else ""
+    if VAULT_NO_SECRET in said.lower():
+        return (f"cannot be read: no vault password was given{at}",
+                "give the vault password: --ask-vault-pass or --vault-password-file <file>")
+    if VAULT_WRONG_SECRET in said.lower():
+        return (f"cannot be read: the vault password given does not decrypt it{at}",
+                "give the password it was encrypted with (--ask-vault-pass, --vault-password-file or --vault-id), "
+                f"or encrypt it again with yours: {ENCRYPT}")
+    return (f"cannot be read ({' '.join(said.split()) or type(exc).__name__}){at}",
+            "check the vault password (--ask-vault-pass or --vault-password-file) and the !vault value")
 
 
 def is_fact(value):
@@ -88,8 +117,8 @@ def _v(where, field, message, fix):
     return {"level": "error", "where": where, "field": field, "message": message, "fix": fix}
 
 
-FIX = ("set pd_api_key once in the cluster's group_vars, e.g. from "
-       "`ansible-vault encrypt_string --name pd_api_key \"$(openssl rand -hex 32)\"` (README: Secrets)")
+ENCRYPT = "`ansible-vault encrypt_string --name pd_api_key \"$(openssl rand -hex 32)\"`"
+FIX = f"set pd_api_key once in the cluster's group_vars, e.g. from {ENCRYPT} (README: Secrets)"
 
 
 def cluster_key(name, hosts):

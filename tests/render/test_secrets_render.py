@@ -34,10 +34,13 @@ def runs(tmp_path_factory, ansible_home):
     with open(inv / "group_vars" / "cluster_a.yml", "a", encoding="utf-8") as handle:
         handle.write(vaulted.stdout)
     vault = ["--vault-password-file", VAULT_PASS]
+    wrong = root / "wrong-pass.txt"
+    wrong.write_text("not-the-password\n")
     out = run_playbooks({
         "render": ["playbooks/deploy-pd.yml", "-i", str(inv), "-e", "pd_render_only=true", "-vv",
                    "-e", f"pd_plan_build_dir={root / 'build'}", *vault],
         "no_password": ["playbooks/validate.yml", "-i", str(inv)],
+        "wrong_password": ["playbooks/validate.yml", "-i", str(inv), "--vault-password-file", str(wrong)],
         "capacity": ["playbooks/capacity-report.yml", "-i", str(inv), "-e", f"pd_ops_reports_dir={root / 'reports'}",
                      "-e", f"pd_plan_build_dir={root / 'build-capacity'}", *vault],
     }, ansible_home)
@@ -47,7 +50,7 @@ def runs(tmp_path_factory, ansible_home):
 def test_runs_succeed(runs):
     _, out = runs
     for name, run in out.items():
-        assert run.rc == (0 if name != "no_password" else 2), str(run)
+        assert run.rc == (2 if name.endswith("_password") else 0), str(run)
         assert_no_traceback(run)
 
 
@@ -55,6 +58,15 @@ def test_without_the_vault_password_validation_says_so(runs):
     _, out = runs
     run = out["no_password"]
     assert "pd_api_key: the key cannot be read" in run.output and "--ask-vault-pass" in run.output, str(run)
+    assert "no vault password was given" in run.output and "group_vars/cluster_a.yml:" in run.output, str(run)
+
+
+def test_a_wrong_vault_password_is_told_apart_from_a_missing_one(runs):
+    """issue 21: both got "a vault value without its password?"."""
+    _, out = runs
+    run = out["wrong_password"]
+    assert "the vault password given does not decrypt it" in run.output, str(run)
+    assert "no vault password was given" not in run.output and "encrypted with" in run.output, str(run)
 
 
 def test_no_written_file_holds_the_key(runs):

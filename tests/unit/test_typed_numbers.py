@@ -136,3 +136,35 @@ def test_an_unusable_decode_cpu_offload_is_reported_on_decode_cpu_offload(value)
     assert plan["ok"] is False
     assert {v["field"] for v in errors(plan)} == {"decode.cpu_offload"}, plan["messages"]
     assert not any(word in m for m in plan["messages"] for word in INTERNAL), plan["messages"]
+
+
+# ---- a vault value: no password vs a wrong one ---------------------------------------------------
+
+class _Event:
+    def __init__(self, msg):
+        self.msg = msg
+        self.formatted_source_context = "Origin: /inv/group_vars/cluster_a.yml:52:13\n\n52 pd_api_key: !vault |"
+
+
+class _Undecryptable:
+    """What ansible-core 2.19 hands a filter for a !vault value it could not decrypt (a marker whose
+    str() raises, carrying Ansible's event); the messages are ansible/parsing/vault's."""
+
+    def __init__(self, msg):
+        self._marker_event = _Event(msg)
+
+    def __str__(self):
+        raise RuntimeError("A vault exception marker was tripped.")
+
+
+@pytest.mark.parametrize("said, problem, fix", [
+    ("Attempting to decrypt but no vault secrets found.", "no vault password was given", "--ask-vault-pass"),
+    ("Decryption failed (no vault secrets were found that could decrypt).",
+     "the vault password given does not decrypt it", "the password it was encrypted with"),
+])
+def test_a_missing_and_a_wrong_vault_password_get_different_hints(said, problem, fix):
+    from pd_deploy import secrets
+
+    fact = secrets.host_key_fact(_Undecryptable(said))
+    assert problem in fact["problem"] and "/inv/group_vars/cluster_a.yml:52:13" in fact["problem"], fact
+    assert fix in fact["fix"], fact
