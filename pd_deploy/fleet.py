@@ -362,9 +362,11 @@ def _plan_cluster(name, raw, hosts, result, complete=True):
     if violations:
         return
     cluster = model.normalize(name, raw)
-    violations.extend(guards.cluster_violations(cluster))
     # values no engine would take, on the field written: the cluster stops here, so no rule repeats them
-    violations.extend(limits.cluster_violations(cluster, raw, hosts))
+    absurd = limits.cluster_violations(cluster, raw, hosts)
+    refused = {v["field"] for v in absurd}
+    violations.extend(v for v in guards.cluster_violations(cluster) if not limits.follows_from(v, refused))
+    violations.extend(absurd)
     violations.extend(secrets.clear_key_violations(cluster))
     key_redaction, key_problems = secrets.cluster_key(name, hosts)
     violations.extend(key_problems)

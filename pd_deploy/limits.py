@@ -10,9 +10,14 @@ stops the cluster there, so no rule repeats it in other words.
 - ``engine.max_model_len`` above the model's context (``pd_deploy/data/models.yml`` ``max_model_len``
   of the family): vLLM refuses to start (vllm@v0.27.1 vllm/config/model.py _get_and_verify_max_len)
   unless the role's env sets VLLM_ALLOW_LONG_MAX_MODEL_LEN=1.
-- tokens of one step (``max_num_batched_tokens``, on decode derived from ``max_num_seqs``) whose
+- ``workload`` token counts whose requests are longer than the model's context: no max_model_len can
+  serve them (rule_max_model_len would ask for a max_model_len beyond the model).
+- tokens of one step (``max_num_batched_tokens``, on decode derived from ``max_num_seqs`` x (1 + draft
+  tokens)) and ``max_num_seqs`` (each running sequence takes at least one token of every step) whose
   activation memory alone (models.yml ``runtime_reserve``) does not fit the role's smallest
   HBM x gpu_memory_utilization: no weights and no KV could be loaded beside them.
+- sizes Docker cannot take: ``shm_size`` / ``cpu_offload`` above 2^63 - 1 bytes (Docker's ShmSize and
+  the connectors' byte counts are int64).
 """
 
 from pd_deploy import capacity, model, sizes
@@ -56,7 +61,46 @@ def cluster_violations(cluster, raw, hosts):
                           "(max_model_len greater than the derived max_model_len of config.json)",
                           f"set {role}.engine.max_model_len to the business p99 prompt + output, at most {limit}"))
         out.extend(_step_tokens(cluster, raw, role, hosts, fam.get("runtime_reserve")))
+        for key in ("shm_size", "cpu_offload"):
+            value = rcfg.get(f"{key}_bytes")
+            if _int(value) and value > INT64_MAX:
+                out.append(_v(where, f"{role}.{key}", f"{sizes.to_human(value)} is more bytes than Docker and the "
+                              f"connectors count (2^63 - 1)", f"set {role}.{key} to what the host really has"))
+    out.extend(_workload(cluster, fam.get("max_model_len")))
     return out
+
+
+def _workload(cluster, limit):
+    work = cluster.get("workload") or {}
+    if not _int(limit):
+        return []
+    out = []
+    prompt, output, avg = (work.get(k) for k in ("p99_prompt_tokens", "p99_output_tokens", "avg_prompt_tokens"))
+    family = cluster["model"]["family"]
+    if _int(prompt) and _int(output) and prompt + output > limit:
+        field = "workload.p99_prompt_tokens" if prompt >= output else "workload.p99_output_tokens"
+        out.append(_v(cluster["name"], field,
+                      f"p99 prompt + output = {prompt} + {output} tokens is longer than the context of model family "
+                      f"{family} ({limit} tokens): no max_model_len can serve such requests, vLLM refuses them",
+                      f"give the measured p99 token counts (their sum at most {limit})"))
+    if _int(avg) and avg > limit:
+        out.append(_v(cluster["name"], "workload.avg_prompt_tokens",
+                      f"{avg} tokens is longer than the context of model family {family} ({limit} tokens)",
+                      "give the measured average prompt length"))
+    return out
+
+
+#: the largest byte count Docker (ShmSize, int64) and the connectors' JSON ints take
+INT64_MAX = 2 ** 63 - 1
+
+
+def follows_from(violation, refused):
+    """True for a violation that only repeats an absurd value already refused on its own field
+    (``refused``: the fields of cluster_violations): vLLM's batched tokens >= max_num_seqs check asks
+    for max_num_batched_tokens >= an astronomical max_num_seqs."""
+    field = str(violation.get("field", ""))
+    return field.endswith(".engine.max_num_batched_tokens") and \
+        field.replace("max_num_batched_tokens", "max_num_seqs") in refused
 
 
 def _step_tokens(cluster, raw, role, hosts, reserve):
@@ -69,12 +113,25 @@ def _step_tokens(cluster, raw, role, hosts, reserve):
     fixed = reserve.get("fixed_bytes_per_npu") or 0
     per_token = reserve.get("activation_bytes_per_batched_token") or 0
     budget = int(min(hbm) * gmu)
-    if not per_token or fixed + per_token * tokens <= budget:
+    if not per_token:
         return []
     fit = max(0, (budget - fixed) // per_token)  # the most tokens whose activations fit at all
+    seqs = engine.get("max_num_seqs")
+    if fixed + per_token * tokens <= budget:
+        if _int(seqs) and seqs > fit:  # every running sequence takes >= 1 token of each step
+            return [_v(f"{cluster['name']}/{role}", f"{role}.engine.max_num_seqs",
+                       f"{seqs} sequences take at least one token each per step: their activation memory alone is "
+                       f"more than the {sizes.to_human(min(hbm))} x gpu_memory_utilization {gmu} per NPU",
+                       f"set {role}.engine.max_num_seqs to at most {min(fit, tokens)} (max_num_batched_tokens is "
+                       f"{tokens}; the article starts at {capacity.START_MAX_NUM_SEQS})")]
+        return []
     where = f"{cluster['name']}/{role}"
     seqs, draft = engine.get("max_num_seqs"), engine.get("num_speculative_tokens") or 0
     budget_text = f"{sizes.to_human(min(hbm))} x gpu_memory_utilization {gmu} = {sizes.to_human(budget)} per NPU"
+    if _int(draft) and 1 + draft > fit:
+        return [_v(where, f"{role}.engine.num_speculative_tokens",
+                   f"{draft} draft tokens per sequence and step: their activation memory alone is more than the "
+                   f"{budget_text}", f"set {role}.engine.num_speculative_tokens: 1 (MTP, as upstream) or 0")]
     if _own(raw, role, "max_num_batched_tokens") is None and _int(seqs) and seqs * (1 + draft) == tokens:
         # derived (decode: max_num_seqs x (1 + draft tokens)): the operator wrote max_num_seqs
         return [_v(where, f"{role}.engine.max_num_seqs",

@@ -117,6 +117,20 @@ def test_an_astronomical_max_num_seqs_is_refused_on_max_num_seqs_without_overflo
     assert not any("EiB" in m or "PiB" in m for m in plan["messages"]), plan["messages"]
 
 
+@pytest.mark.parametrize("changes, field", [
+    ({"prefill__engine__max_num_seqs": 10 ** 15}, "prefill.engine.max_num_seqs"),  # was: raise batched to 1e15
+    ({"prefill__engine__max_num_batched_tokens": 10 ** 15}, "prefill.engine.max_num_batched_tokens"),
+    ({"decode__engine__max_num_batched_tokens": 10 ** 15}, "decode.engine.max_num_batched_tokens"),
+    ({"decode__engine__num_speculative_tokens": 10 ** 15}, "decode.engine.num_speculative_tokens"),
+    ({"workload__p99_prompt_tokens": 10 ** 15}, "workload.p99_prompt_tokens"),  # was: set max_model_len: 1e15
+    ({"workload__avg_prompt_tokens": 10 ** 15}, "workload.avg_prompt_tokens"),  # was: accepted
+    ({"decode__shm_size": "1000000EiB"}, "decode.shm_size"),                    # was: accepted
+])
+def test_an_absurd_value_is_refused_once_on_the_field_written(changes, field):
+    plan = plan_with(**changes)
+    assert [v["field"] for v in errors(plan)] == [field], plan["messages"]
+
+
 def test_max_model_len_beyond_the_models_context_is_refused():
     plan = plan_with(prefill__engine__max_model_len=100000000)
     found = errors(plan, "prefill.engine.max_model_len")
