@@ -57,6 +57,22 @@ def name_mismatch(c):
     c["name"] = "cluster_x"
 
 
+def port_base_as_float(c):
+    c["prefill"]["port_base"] = 8000.0   # the proxy listens on 8000; rendered it was --port 8000.0
+
+
+def max_model_len_beyond_model(c):
+    c["decode"]["engine"]["max_model_len"] = 100000000
+
+
+def max_num_seqs_astronomical(c):
+    c["decode"]["engine"]["max_num_seqs"] = 10 ** 15
+
+
+def no_host_ram(inv):
+    edit_yaml(inv / "host_vars" / "a-d0.yml", lambda d: d.pop("pd_host_ram"))
+
+
 def no_role_group(inv):
     edit_yaml(inv / "hosts.yml", lambda d: d["all"]["children"]["decode"]["hosts"].pop("b-d1"))
 
@@ -88,6 +104,19 @@ CASES = {
     "host_in_no_role_group": (
         [no_role_group],
         [("ERROR b-d1: groups: host is in neither", "exactly one of the groups 'prefill' and 'decode'")]),
+    # issue 21: numbers of the wrong type, values no engine takes, a root cause without its cascade
+    "port_base_as_float": (
+        [cluster_edit("cluster_a", port_base_as_float)],
+        [("ERROR cluster_a: prefill.port_base: 8000.0 is a float", "write 8000")]),
+    "max_model_len_beyond_the_model": (
+        [cluster_edit("cluster_a", max_model_len_beyond_model)],
+        [("ERROR cluster_a/decode: decode.engine.max_model_len: 100000000 is beyond the context", "at most 1048576")]),
+    "max_num_seqs_astronomical": (
+        [cluster_edit("cluster_a", max_num_seqs_astronomical)],
+        [("ERROR cluster_a/decode: decode.engine.max_num_seqs: 1000000000000000 sequences", "at most")]),
+    "host_ram_missing": (
+        [no_host_ram],
+        [("ERROR a-d0: pd_host_ram: missing", "set pd_host_ram")]),
     "three_at_once": (
         [cluster_edit("cluster_a", recompute_on_prefill), cluster_edit("cluster_a", gmu_096_on_decode),
          cluster_edit("cluster_b", typo_block_size)],
@@ -161,3 +190,12 @@ def test_the_unbroken_copy_passes_and_writes_its_plan(runs):
     assert_no_traceback(run)
     written = files_under(build)
     assert "plan.json" in written and "render/cluster_a/capacity.md" in written
+
+
+@pytest.mark.parametrize("key", ["max_num_seqs_astronomical", "host_ram_missing", "port_base_as_float"])
+def test_the_root_cause_is_the_only_error(runs, key):
+    """issue 21: no consequence of it (decode hosts (none) have 0 usable, an EiB reserve, the batched-tokens rule)."""
+    run, _ = runs[key]
+    head = re.search(r"The inventory breaks (\d+) rule\(s\)", run.output)
+    assert head and int(head.group(1)) == 1, str(run)
+    assert "EiB" not in run.output and "have 0 usable" not in run.output
