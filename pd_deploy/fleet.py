@@ -100,6 +100,10 @@ def _explain(err, schema_name):
     """(message, fix) of one JSON Schema error in words an operator can act on."""
     subschema = err.schema if isinstance(err.schema, dict) else {}
     sizes_involved = _is_size_schema(subschema) or any(_is_size_schema(e.schema) for e in err.context or [])
+    if sizes_involved and isinstance(err.instance, float) and err.instance.is_integer() and err.instance >= 0:
+        whole = int(err.instance)
+        return (f"{err.instance!r} is a float: a size is an integer byte count or a number with a unit",
+                f"write {whole} or {sizes.to_human(whole)}")
     if sizes_involved and err.instance is not None:
         try:
             sizes.to_bytes(err.instance, field="size", where="schema")

@@ -67,6 +67,12 @@ def test_a_number_written_as_text_is_refused_on_its_field_with_the_unquoted_fix(
     assert "quot" in found[0]["message"] and f"write {value} without quotes" in found[0]["fix"], found[0]
 
 
+def test_a_size_written_as_a_float_is_refused_with_the_integer_and_the_unit():
+    plan = plan_with(decode__cpu_offload=214748364800.0)
+    found = errors(plan, "decode.cpu_offload")
+    assert found and found[0]["fix"] == "write 214748364800 or 200GiB", plan["messages"]
+
+
 def test_a_host_fact_written_as_a_float_is_refused_on_its_field():
     f = example_fleet()
     host_vars(f, "a-d0")["pd_npus"] = 8.0
