@@ -51,7 +51,7 @@ def _number_text(value):
         float(value)
     except (TypeError, ValueError):
         return False
-    return isinstance(value, str) and value.strip() not in ("nan", "inf", "-inf", "infinity")
+    return isinstance(value, str) and value.strip().lower().lstrip("+-") not in ("nan", "inf", "infinity")
 
 
 def _type_explained(err, schema_name):
