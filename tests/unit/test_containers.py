@@ -55,10 +55,12 @@ def test_observed_containers_must_be_the_probe_list(observed):
 
 
 def test_probe_specs_and_health_checks_carry_name_hash_url_and_timeout():
-    specs = [spec("a", "h1", http=8200), {"name": "p", "labels": {"pd.spec-hash": "h2"}, "health_url": None}]
+    specs = [spec("a", "h1", http=8200, image="repo/x:tag"),
+             {"name": "p", "labels": {"pd.spec-hash": "h2"}, "health_url": None}]
+    # the image reference goes along: the probe resolves it (what the tag names now on the host)
     assert containers.probe_specs(specs) == [
-        {"name": "a", "hash": "h1", "health_url": "http://127.0.0.1:8200/health"},
-        {"name": "p", "hash": "h2", "health_url": ""}]
+        {"name": "a", "hash": "h1", "health_url": "http://127.0.0.1:8200/health", "image": "repo/x:tag"},
+        {"name": "p", "hash": "h2", "health_url": "", "image": ""}]
     assert containers.health_checks(specs) == [
         {"name": "a", "url": "http://127.0.0.1:8200/health", "timeout_s": 1800, "container": "a"}]
 

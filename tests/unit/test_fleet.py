@@ -362,7 +362,8 @@ def test_a_converged_fleet_rolls_nothing():
     plan = fleet.plan_fleet(example_fleet())
     targets = fleet.rollout_targets(plan, converged_probes(plan), HOSTS)
     assert targets == {"hosts": [], "batches": [1], "changed": [], "unchanged": ["cluster_a", "cluster_b"],
-                       "pending": {}, "reasons": {}, "removed": {}}
+                       "pending": {}, "reasons": {}, "removed": {}, "images": {h: {} for h in HOSTS},
+                       "moved": [], "warnings": []}
 
 
 def test_a_fresh_fleet_rolls_every_cluster_in_play_order():
