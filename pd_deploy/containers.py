@@ -277,16 +277,17 @@ def moved_image_warnings(moves):
         names = ", ".join(f"{m['name']} on {m['host']}" for m in group)
         new = next((m["digest"] for m in group if m["digest"]), "")
         old = next((m["running_digest"] for m in group if m["running_digest"]), "")
-        move = (f"set the cluster's image to {new}" if new else
-                f"give it a tag of its own (docker tag {short_id(now)} {repo}:<new tag>, on every host) "
-                "and set the cluster's image to that tag")
-        stay = (f"set image to {old}" if old else
-                f"tag the running image (docker tag {short_id(running)} {repo}:<old tag>, on every host) "
-                "and set image to that tag")
-        out.append(f"WARNING {cluster}: {names} run(s) image {short_id(running)}, but its tag {ref} now names "
-                   f"image {short_id(now)} on the host (the tag moved after the container started). Nothing "
-                   "was recreated: the launch spec is unchanged. To run the new image, " + move + " and deploy "
-                   "(a health-gated replacement with rollback); to stay on the running one, " + stay + ".")
+        hosts = "the host" if len({m["host"] for m in group}) == 1 else "those hosts"
+        move = (f"set pd_cluster.image to {new}" if new else
+                f"tag it (docker tag {short_id(now)} {repo}:<new tag>, on every host of the cluster) and set "
+                "pd_cluster.image to that tag")
+        stay = (f"set it to {old}" if old else
+                f"tag the running image (docker tag {short_id(running)} {repo}:<old tag>) and set it to that tag")
+        verb = "runs" if len(group) == 1 else "run"
+        out.append(f"WARNING {cluster}: {names} {verb} image {short_id(running)}, but its tag {ref} now names "
+                   f"image {short_id(now)} on {hosts} (the tag moved after they started). Nothing was recreated: "
+                   f"the launch spec is unchanged. To run the new image, {move}: the launch spec changes, so the "
+                   f"deploy replaces them, health-gated with rollback. To stay on the running image, {stay}.")
     return out
 
 
