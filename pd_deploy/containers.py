@@ -222,13 +222,15 @@ def start_labels(spec, images, containers=None):
 
     A stopped container of the same spec (``containers``: the probe's list) is started as it is: it keeps
     the image labels it carries (docker_container compares labels strictly, so new ones would recreate
-    it on whatever the tag names now). A reference the probe did not resolve adds no image label.
+    it on whatever the tag names now); not when it is the new container of an interrupted replacement
+    (beside ``<name>-previous``), which replacement_plan removes and starts afresh. A reference the probe
+    did not resolve adds no image label.
     """
     if not isinstance(spec, Mapping) or not isinstance(spec.get("labels"), Mapping):
         raise PdError("pd_start_labels", "spec", "expected a launch spec with labels", "pass a plan's launch spec")
     labels = dict(spec["labels"])
     observed = _observed(containers or [], "pd_start_labels")
-    if spec_state(spec, observed) == "stopped":
+    if spec_state(spec, observed) == "stopped" and spec["name"] + PREVIOUS not in observed:
         labels.update(observed[spec["name"]].get("image_labels") or {})
         return labels
     found = (images or {}).get(spec.get("image")) if isinstance(images, Mapping) else None

@@ -298,6 +298,10 @@ def test_a_stopped_container_of_the_same_spec_keeps_its_labels_so_it_is_started_
     images = {TAG: {"id": NEW, "repo_digests": [NEW_DIGEST]}}
     stopped = [running_on("a", "h1", OLD, running=False, **{"pd.image-id": OLD})]
     assert containers.start_labels(s, images, stopped) == dict(s["labels"], **{"pd.image-id": OLD})
+    # the new container of an interrupted replacement is removed and started afresh: the image read now
+    interrupted = stopped + [running_on("a-previous", "h0", OLD, running=False)]
+    assert containers.replacement_plan([s], interrupted)["remove"] == ["a"]
+    assert containers.start_labels(s, images, interrupted)["pd.image-id"] == NEW
     # one made by an older pd-deploy carries none, and gets none
     assert containers.start_labels(s, images, [running_on("a", "h1", OLD, running=False)]) == s["labels"]
     # a container of another spec is replaced: the new one records the image it starts from
