@@ -285,11 +285,12 @@ def moved_image_warnings(moves):
                 "pd_cluster.image to that tag")
         stay = (f"set it to {old}" if old else
                 f"tag the running image (docker tag {short_id(running)} {repo}:<old tag>) and set it to that tag")
-        verb = "runs" if len(group) == 1 else "run"
+        one = len(group) == 1
+        verb, they, them = ("runs", "it", "it") if one else ("run", "they", "them")
         out.append(f"WARNING {cluster}: {names} {verb} image {short_id(running)}, but its tag {ref} now names "
-                   f"image {short_id(now)} on {hosts} (the tag moved after {'it' if len(group) == 1 else 'they'} started). Nothing was recreated: "
+                   f"image {short_id(now)} on {hosts} (the tag moved after {they} started). Nothing was recreated: "
                    f"the launch spec is unchanged. To run the new image, {move}: the launch spec changes, so the "
-                   f"deploy replaces them, health-gated with rollback. To stay on the running image, {stay}.")
+                   f"deploy replaces {them}, health-gated with rollback. To stay on the running image, {stay}.")
     return out
 
 
