@@ -275,16 +275,14 @@ def moved_image_warnings(moves):
         groups.setdefault(key, []).append(m)
     out = []
     for (cluster, ref, running, now), group in groups.items():
-        repo = _repository(ref)
         names = ", ".join(f"{m['name']} on {m['host']}" for m in group)
         new = next((m["digest"] for m in group if m["digest"]), "")
         old = next((m["running_digest"] for m in group if m["running_digest"]), "")
         hosts = "the host" if len({m["host"] for m in group}) == 1 else "those hosts"
-        move = (f"set pd_cluster.image to {new}" if new else
-                f"tag it (docker tag {short_id(now)} {repo}:<new tag>, on every host of the cluster) and set "
-                "pd_cluster.image to that tag")
-        stay = (f"set it to {old}" if old else
-                f"tag the running image (docker tag {short_id(running)} {repo}:<old tag>) and set it to that tag")
+        # without a repo digest (loaded with docker load, or built on the host) the image ID pins it: an
+        # image's ID is the digest of its config, the same on every host that loaded it
+        move = f"set pd_cluster.image to {new or now}"
+        stay = f"set it to {old or running}"
         one = len(group) == 1
         verb, they, them = ("runs", "it", "it") if one else ("run", "they", "them")
         out.append(f"WARNING {cluster}: {names} {verb} image {short_id(running)}, but its tag {ref} now names "

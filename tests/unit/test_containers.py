@@ -337,12 +337,12 @@ def test_moved_image_warnings_name_cluster_containers_tag_both_images_and_the_fi
     assert one.startswith("WARNING ca: pd-ca-decode0-dp0 on a-d0 runs image a1a1a1a1a1a1, but its tag "
                           f"{TAG} now names image b2b2b2b2b2b2 on the host")
     assert "Nothing was recreated" in one and f"set pd_cluster.image to {NEW_DIGEST}" in one
-    assert "docker tag a1a1a1a1a1a1 quay.io/ascend/vllm-ascend:<old tag>" in one
-    # the same move on two hosts is one warning; without a repo digest the fix is a tag of its own
+    assert f"To stay on the running image, set it to {OLD}." in one  # no digest recorded: its image ID
+    # the same move on two hosts is one warning; without a repo digest the image ID pins it
     other = dict(move, host="a-d1", name="pd-ca-decode0-dp1", digest="", running_digest="quay.io/x@sha256:1")
     (both,) = containers.moved_image_warnings([dict(move, digest=""), other])
     assert "pd-ca-decode0-dp0 on a-d0, pd-ca-decode0-dp1 on a-d1 run image" in both and "those hosts" in both
-    assert "docker tag b2b2b2b2b2b2 quay.io/ascend/vllm-ascend:<new tag>" in both
+    assert f"set pd_cluster.image to {NEW}:" in both
     assert "set it to quay.io/x@sha256:1" in both
     # another cluster, or another image pair, is its own warning
     assert len(containers.moved_image_warnings([move, dict(move, cluster="cb")])) == 2
