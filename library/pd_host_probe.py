@@ -58,7 +58,8 @@ options:
     elements: str
     default: []
   containers:
-    description: Launch specs to compare with what runs (name, hash, health_url).
+    description: Launch specs to compare with what runs (name, hash, health_url, image). The C(image) of each is
+      resolved like O(images) and returned in RV(image_refs).
     type: list
     elements: dict
     default: []
@@ -115,12 +116,18 @@ docker:
   type: dict
   returned: always
 containers:
-  description: Every labelled container (name, state, running, hash, cluster, host, baseline).
+  description: Every labelled container (name, state, running, hash, cluster, host, baseline, image_id (the
+    ID of the image it runs, Docker's C(ImageID)), image_labels (its C(pd.image-id) / C(pd.image-digest) labels)).
   type: list
   returned: always
 images_missing:
   description: References of O(images) not in the local image store (empty when Docker did not answer).
   type: list
+  returned: always
+image_refs:
+  description: What each reference of O(images) and of the O(containers) images names in the local image store
+    now ({ref -> {id, repo_digests}}); a reference not found is left out (empty when Docker did not answer).
+  type: dict
   returned: always
 hccn:
   description: With O(hccn), tool_error (why hccn_tool could not run, or empty), conf (hccn.conf text or null),
@@ -206,8 +213,13 @@ def disk_free(path):
     return st.f_bavail * st.f_frsize
 
 
+#: labels the container role records at start: the image ID and repo digest the spec's tag named then
+IMAGE_LABELS = ("pd.image-id", "pd.image-digest")
+
+
 def list_containers(socket_path, label):
-    """(ok, msg, [{name, state, running, hash}]) of every container carrying ``label``."""
+    """(ok, msg, [{name, state, running, hash, ..., image_id, image_labels}]) of every container carrying
+    ``label``; ``image_id`` is Docker's ImageID (the image the container runs, whatever its tag names now)."""
     query = urllib.parse.urlencode({"all": "1", "filters": json.dumps({"label": [label]})})
     status, body, error = docker(socket_path, "GET", f"/containers/json?{query}")
     if error or status != 200 or not isinstance(body, list):
@@ -219,17 +231,25 @@ def list_containers(socket_path, label):
         out.append({"name": names[0].lstrip("/"), "state": item.get("State", ""),
                     "running": item.get("State") == "running", "hash": labels.get("pd.spec-hash", ""),
                     "cluster": labels.get("pd.cluster", ""), "host": labels.get("pd.host", ""),
-                    "baseline": labels.get("pd.baseline") == "true"})
+                    "baseline": labels.get("pd.baseline") == "true", "image_id": item.get("ImageID") or "",
+                    "image_labels": {k: labels[k] for k in IMAGE_LABELS if labels.get(k)}})
     return True, "", sorted(out, key=lambda c: c["name"])
 
 
-def missing_images(socket_path, images):
-    out = []
-    for ref in images:
-        status, _, error = docker(socket_path, "GET", f"/images/{urllib.parse.quote(ref, safe='/:@')}/json")
-        if error or status != 200:
-            out.append(ref)
+def resolve_images(socket_path, refs):
+    """{ref: {id, repo_digests}} of the references found in the local image store (one inspect each)."""
+    out = {}
+    for ref in dict.fromkeys(refs):
+        status, body, error = docker(socket_path, "GET", f"/images/{urllib.parse.quote(ref, safe='/:@')}/json")
+        if not error and status == 200 and isinstance(body, dict):
+            out[ref] = {"id": body.get("Id") or "", "repo_digests": list(body.get("RepoDigests") or [])}
     return out
+
+
+def missing_images(socket_path, images, found=None):
+    """References of ``images`` not in the local image store (``found``: resolve_images' answer, if read)."""
+    found = resolve_images(socket_path, images) if found is None else found
+    return [ref for ref in images if ref not in found]
 
 
 def starting(specs, containers):
@@ -353,6 +373,8 @@ def main():
     # image/driver checks are for the containers a deploy starts, so they are not run (the no-op path)
     settled = ok and bool(p["containers"]) and not starting(p["containers"], containers)
     skip = "every container of this host runs its launch spec" if settled else ""
+    # one inspect per reference, shared by the missing-image check and the moving-tag comparison
+    refs = resolve_images(sock, list(p["images"]) + [s["image"] for s in p["containers"] if s.get("image")]) if ok else {}
     result = {
         "changed": False,
         "stats": stat_paths(p["paths"]),
@@ -368,7 +390,8 @@ def main():
         "docker": {"ok": ok, "msg": msg},
         "containers": containers,
         # without an engine the images cannot be looked up; the Docker message is the one problem
-        "images_missing": missing_images(sock, p["images"]) if ok else [],
+        "images_missing": missing_images(sock, p["images"], refs) if ok else [],
+        "image_refs": refs,
         "health": wait_all(current_checks(p["containers"], containers, p["probe_timeout"]), p["probe_interval"]),
         "wiring": read_wiring(p["containers"], containers, p["probe_timeout"]),
     }

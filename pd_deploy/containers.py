@@ -173,10 +173,123 @@ def running_previous(containers):
 
 def probe_specs(specs):
     """The health-relevant part of launch specs, as pd_host_probe takes them (a proxy's also the URL
-    its instance lists are read from)."""
-    return [dict({"name": s["name"], "hash": s["labels"]["pd.spec-hash"], "health_url": s.get("health_url") or ""},
+    its instance lists are read from), with the image reference the probe resolves."""
+    return [dict({"name": s["name"], "hash": s["labels"]["pd.spec-hash"], "health_url": s.get("health_url") or "",
+                  "image": s.get("image") or ""},
                  **({"wiring_url": f"http://127.0.0.1:{s['ports']['http']}"} if s.get("kind") == "proxy" else {}))
             for s in specs]
+
+
+#: the container labels that record the image a container was started from (not in the spec hash:
+#: they are added at start, so an unchanged inventory keeps its hash and nothing is recreated)
+IMAGE_ID_LABEL = "pd.image-id"
+IMAGE_DIGEST_LABEL = "pd.image-digest"
+
+
+def pinned_image(ref):
+    """Whether an image reference names one image for good: a digest (``repo@sha256:...``) or an image
+    ID (``sha256:...``). A tag (``repo:nightly-main``, ``repo``) can be moved to another image."""
+    text = str(ref or "")
+    return "@sha256:" in text or text.startswith("sha256:")
+
+
+def short_id(image_id):
+    """An image ID as ``docker images`` shows it: 12 hex digits, without ``sha256:``."""
+    text = str(image_id or "")
+    return text.split(":", 1)[1][:12] if text.startswith("sha256:") else text[:12]
+
+
+def _repository(ref):
+    """``quay.io/ascend/vllm-ascend`` of ``quay.io/ascend/vllm-ascend:v1`` (a registry port is not a tag)."""
+    name = str(ref).split("@", 1)[0]
+    head, _, tag = name.rpartition(":")
+    return head if head and "/" not in tag else name
+
+
+def repo_digest(ref, found):
+    """The ``repo@sha256:...`` of the image ``ref`` names (``found`` is pd_host_probe's image_refs entry for
+    it), in the repository of ``ref`` when the image has one there; "" when it has none (an image loaded
+    with docker load, or built on the host, has no repo digest)."""
+    digests = list((found or {}).get("repo_digests") or [])
+    mine = [d for d in digests if d.split("@", 1)[0] == _repository(ref)]
+    return (mine or digests or [""])[0]
+
+
+def start_labels(spec, images, containers=None):
+    """The labels a launch spec's container is started with: the spec's own, plus ``pd.image-id`` (and
+    ``pd.image-digest`` when the image has one) of the image its reference names on the host now
+    (``images``: pd_host_probe's image_refs, read just before the start).
+
+    A stopped container of the same spec (``containers``: the probe's list) is started as it is: it keeps
+    the image labels it carries (docker_container compares labels strictly, so new ones would recreate
+    it on whatever the tag names now); not when it is the new container of an interrupted replacement
+    (beside ``<name>-previous``), which replacement_plan removes and starts afresh. A reference the probe
+    did not resolve adds no image label.
+    """
+    if not isinstance(spec, Mapping) or not isinstance(spec.get("labels"), Mapping):
+        raise PdError("pd_start_labels", "spec", "expected a launch spec with labels", "pass a plan's launch spec")
+    labels = dict(spec["labels"])
+    observed = _observed(containers or [], "pd_start_labels")
+    if spec_state(spec, observed) == "stopped" and spec["name"] + PREVIOUS not in observed:
+        labels.update(observed[spec["name"]].get("image_labels") or {})
+        return labels
+    found = (images or {}).get(spec.get("image")) if isinstance(images, Mapping) else None
+    if found and found.get("id"):
+        labels[IMAGE_ID_LABEL] = found["id"]
+        digest = repo_digest(spec["image"], found)
+        if digest:
+            labels[IMAGE_DIGEST_LABEL] = digest
+    return labels
+
+
+def moved_images(specs, containers, images):
+    """Containers that run their current launch spec on another image than the one its tag names now.
+
+    ``containers`` and ``images`` are pd_host_probe's containers and image_refs. Such a container is not
+    recreated (its spec is unchanged): the deploy only warns. A pinned reference (digest, image ID), a
+    container whose image ID is not known and a tag that names no image on the host are not moved.
+    Returns [{name, image, running, now, running_digest, digest}] (image IDs in full).
+    """
+    observed = _observed(containers, "pd_moved_images")
+    images = images if isinstance(images, Mapping) else {}
+    out = []
+    for spec in specs:
+        ref = spec.get("image") or ""
+        if pinned_image(ref) or spec_state(spec, observed) != "current":
+            continue
+        found = observed[spec["name"]]
+        running, now = found.get("image_id") or "", (images.get(ref) or {}).get("id") or ""
+        if running and now and running != now:
+            out.append({"name": spec["name"], "image": ref, "running": running, "now": now,
+                        "running_digest": (found.get("image_labels") or {}).get(IMAGE_DIGEST_LABEL, ""),
+                        "digest": repo_digest(ref, images.get(ref))})
+    return out
+
+
+def moved_image_warnings(moves):
+    """One WARNING per cluster, tag and image pair for the moved_images of a deploy (``moves``: each with
+    its ``cluster`` and ``host``), saying what runs, what the tag names now, and how to move or stay."""
+    groups = {}
+    for m in moves or []:
+        key = (m["cluster"], m["image"], m["running"], m["now"])
+        groups.setdefault(key, []).append(m)
+    out = []
+    for (cluster, ref, running, now), group in groups.items():
+        names = ", ".join(f"{m['name']} on {m['host']}" for m in group)
+        new = next((m["digest"] for m in group if m["digest"]), "")
+        old = next((m["running_digest"] for m in group if m["running_digest"]), "")
+        hosts = "the host" if len({m["host"] for m in group}) == 1 else "those hosts"
+        # without a repo digest (loaded with docker load, or built on the host) the image ID pins it: an
+        # image's ID is the digest of its config, the same on every host that loaded it
+        move = f"set pd_cluster.image to {new or now}"
+        stay = f"set it to {old or running}"
+        one = len(group) == 1
+        verb, they, them = ("runs", "it", "it") if one else ("run", "they", "them")
+        out.append(f"WARNING {cluster}: {names} {verb} image {short_id(running)}, but its tag {ref} now names "
+                   f"image {short_id(now)} on {hosts} (the tag moved after {they} started). Nothing was recreated: "
+                   f"the launch spec is unchanged. To run the new image, {move}: the launch spec changes, so the "
+                   f"deploy replaces {them}, health-gated with rollback. To stay on the running image, {stay}.")
+    return out
 
 
 def wiring_differs(proxy, wiring):
@@ -309,6 +422,7 @@ FILTERS = {
     "pd_containers_to_start": containers_to_start,
     "pd_replacement_plan": replacement_plan,
     "pd_probe_specs": probe_specs,
+    "pd_start_labels": start_labels,
     "pd_health_checks": health_checks,
     "pd_unhealthy_specs": unhealthy_specs,
     "pd_rollback_message": rollback_message,

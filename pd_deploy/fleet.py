@@ -12,7 +12,8 @@ import jsonschema
 import jsonschema.validators
 
 from pd_deploy import capacity, datafiles, guards, inventory, limits, model, ports, rules, secrets, sizes, versions
-from pd_deploy.containers import containers_to_start, host_specs, orphans, spec_ports, start_reason, wiring_differs
+from pd_deploy.containers import (containers_to_start, host_specs, moved_image_warnings, moved_images, orphans,
+                                  spec_ports, spec_state, start_reason, wiring_differs)
 from pd_deploy.errors import PdError
 
 HOST_VARS = inventory.HOST_FACTS
@@ -603,6 +604,10 @@ def rollout_targets(plan, probes, play_hosts):
     longer has]}}. A cluster is also rolled when its running proxy lists other instances than the plan
     (re-wired live, not recreated: its spec hash leaves its backends out) or a host runs such a
     container (drained out of the proxy, then removed).
+
+    Also "images": {host: {name: image ID}}: the image a container runs its current spec on, else the one
+    its reference names on the host now (what it is started from); "moved": [moved_images of each host,
+    with cluster and host] and "warnings": their WARNING lines (a moved tag recreates nothing).
     """
     if not isinstance(probes, dict):
         raise PdError("pd_rollout_targets", "probes", "expected {host: pd_host_probe result}",
@@ -612,6 +617,8 @@ def rollout_targets(plan, probes, play_hosts):
     rewire = []
     removed = {}
     touched = []
+    images = {}
+    moved = []
     for host in play_hosts:
         entry = plan["hosts"].get(host)
         if entry is None:
@@ -623,6 +630,10 @@ def rollout_targets(plan, probes, play_hosts):
             raise PdError("pd_rollout_targets", f"probes.{host}", "this host was not probed",
                           "run roles/pd_prechecks on every host of the play before the rollout")
         todo = containers_to_start(host_specs(entry), probe["containers"])
+        refs = probe.get("image_refs") or {}
+        images[host] = _image_ids(host_specs(entry), probe["containers"], refs)
+        moved.extend(dict(m, cluster=entry["cluster"], host=host)
+                     for m in moved_images(host_specs(entry), probe["containers"], refs))
         if todo:
             pending[host] = [s["name"] for s in todo]
             reasons[host] = {s["name"]: start_reason(s, probe["containers"]) for s in todo}
@@ -639,7 +650,21 @@ def rollout_targets(plan, probes, play_hosts):
     hosts = [h for h in play_hosts if h in plan["hosts"] and plan["hosts"][h]["cluster"] in changed]
     return {"hosts": hosts, "batches": rollout_batches(hosts, plan["hosts"]) if hosts else [1],
             "changed": changed, "unchanged": [c for c in touched if c not in changed], "pending": pending,
-            "reasons": reasons, "removed": removed}
+            "reasons": reasons, "removed": removed, "images": images, "moved": moved,
+            "warnings": moved_image_warnings(moved)}
+
+
+def _image_ids(specs, containers, refs):
+    """{name: image ID} of a host's specs: the one a container runs its current spec on, else the one the
+    spec's reference names now (left out when neither is known)."""
+    found = {c["name"]: c for c in containers}
+    out = {}
+    for spec in specs:
+        running = found[spec["name"]].get("image_id") if spec_state(spec, found) == "current" else None
+        image_id = running or (refs.get(spec.get("image")) or {}).get("id")
+        if image_id:
+            out[spec["name"]] = image_id
+    return out
 
 
 def lock_hosts(plan, play_hosts):

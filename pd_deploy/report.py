@@ -5,7 +5,7 @@ import os
 import re
 
 from pd_deploy import sizes
-from pd_deploy.containers import PREVIOUS, host_specs, spec_state
+from pd_deploy.containers import PREVIOUS, host_specs, short_id, spec_state
 
 
 def _counts(plan):
@@ -119,7 +119,10 @@ def rollout_summary(plan, play_hosts, targets=None, dry_run=False, outcomes=None
     the deploy failed: ``probes`` ({host: pd_host_probe result read after the failure, or an
     unreachable/failed task result}) then tell each
     container's spec as it is now (current / old / not running / missing), the kept previous containers
-    left over and the hosts that could not be read. Returns the report's lines.
+    left over and the hosts that could not be read. Each container's line ends with the short ID of
+    the image it runs (or is started from: ``targets["images"]``; after a failure, as read again), marked
+    when its tag names another image now; the WARNING lines of moved tags (``targets["warnings"]``) close
+    the report. Returns the report's lines.
     """
     hosts = set(play_hosts or [])
     failed = failed_hosts(targets, outcomes) if targets is not None and outcomes is not None and not dry_run else []
@@ -139,12 +142,23 @@ def rollout_summary(plan, play_hosts, targets=None, dry_run=False, outcomes=None
         reasons = (targets or {}).get("reasons") or {}
         for host, spec, label in specs:
             why = (reasons.get(host) or {}).get(spec["name"])
-            out.append(f"  {label} on {host} port {spec['ports']['http']}" + (f": {why}" if why else ""))
+            out.append(f"  {label} on {host} port {spec['ports']['http']}" + (f": {why}" if why else "")
+                       + _image_note(targets, host, spec["name"]))
         if name in changed:
             removed = (targets or {}).get("removed") or {}
             out.extend(f"  {'would remove' if dry_run else 'removed'} {c} on {h}: its instance is no longer in the"
                        " inventory (taken out of the proxy first)" for h in summary["hosts"] for c in removed.get(h, []))
-    return out + _unreachable_lines(observed)
+    return out + _unreachable_lines(observed) + list((targets or {}).get("warnings") or [])
+
+
+def _image_note(targets, host, name):
+    """`` (image 0123456789ab)`` of a container's line; with the tag's new image when it moved."""
+    image_id = (((targets or {}).get("images") or {}).get(host) or {}).get(name)
+    if not image_id:
+        return ""
+    moved = [m for m in (targets or {}).get("moved") or [] if m["host"] == host and m["name"] == name]
+    now = f"; its tag now names {short_id(moved[0]['now'])}: see the WARNING below" if moved else ""
+    return f" (image {short_id(image_id)}{now})"
 
 
 def failed_hosts(targets, outcomes):
@@ -196,7 +210,9 @@ def _cluster_after_failure(name, summary, specs, failed, outcomes, observed):
     for host, spec, label in specs:
         state = _container_state(spec, observed.get(host))
         states.append(state)
-        lines.append(f"  {label} on {host} port {spec['ports']['http']}: {state}")
+        found = ((observed.get(host) or {}).get("containers") or {}).get(spec["name"]) or {}
+        image = f", image {short_id(found['image_id'])}" if found.get("image_id") else ""
+        lines.append(f"  {label} on {host} port {spec['ports']['http']}: {state}{image}")
     for host in summary["hosts"]:
         found = (observed.get(host) or {}).get("containers") or {}
         for cname, c in sorted(found.items()):

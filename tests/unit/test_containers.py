@@ -55,10 +55,12 @@ def test_observed_containers_must_be_the_probe_list(observed):
 
 
 def test_probe_specs_and_health_checks_carry_name_hash_url_and_timeout():
-    specs = [spec("a", "h1", http=8200), {"name": "p", "labels": {"pd.spec-hash": "h2"}, "health_url": None}]
+    specs = [spec("a", "h1", http=8200, image="repo/x:tag"),
+             {"name": "p", "labels": {"pd.spec-hash": "h2"}, "health_url": None}]
+    # the image reference goes along: the probe resolves it (what the tag names now on the host)
     assert containers.probe_specs(specs) == [
-        {"name": "a", "hash": "h1", "health_url": "http://127.0.0.1:8200/health"},
-        {"name": "p", "hash": "h2", "health_url": ""}]
+        {"name": "a", "hash": "h1", "health_url": "http://127.0.0.1:8200/health", "image": "repo/x:tag"},
+        {"name": "p", "hash": "h2", "health_url": "", "image": ""}]
     assert containers.health_checks(specs) == [
         {"name": "a", "url": "http://127.0.0.1:8200/health", "timeout_s": 1800, "container": "a"}]
 
@@ -244,3 +246,104 @@ def test_running_previous_names_previous_containers_that_run():
     observed = [seen("a-previous", "x"), dict(seen("b-previous", "x", running=False), state="restarting"),
                 seen("c-previous", "x", running=False), seen("d", "x")]
     assert containers.running_previous(observed) == ["a-previous", "b-previous"]
+
+
+# ---- know what runs: image IDs, start labels, moved tags (issue 19 item 4) ---------------------------
+
+OLD, NEW = "sha256:" + "a1" * 32, "sha256:" + "b2" * 32
+TAG = "quay.io/ascend/vllm-ascend:nightly-main"
+NEW_DIGEST = "quay.io/ascend/vllm-ascend@sha256:" + "c3" * 32
+
+
+def running_on(name, spec_hash, image_id, running=True, **labels):
+    return dict(seen(name, spec_hash, running), image_id=image_id, image_labels=labels)
+
+
+@pytest.mark.parametrize("ref, pinned", [
+    (TAG, False), ("quay.io/ascend/vllm-ascend", False), ("registry:5000/vllm-ascend:v1", False),
+    (NEW_DIGEST, True), ("quay.io/ascend/vllm-ascend:nightly-main@sha256:" + "c3" * 32, True), (OLD, True)])
+def test_only_a_digest_or_an_image_id_is_pinned(ref, pinned):
+    assert containers.pinned_image(ref) is pinned
+
+
+def test_short_id_is_what_docker_images_shows():
+    assert containers.short_id(OLD) == "a1" * 6
+    assert containers.short_id("") == ""
+
+
+def test_repo_digest_is_the_one_of_the_references_repository():
+    found = {"id": NEW, "repo_digests": ["mirror.local/vllm-ascend@sha256:" + "d4" * 32, NEW_DIGEST]}
+    assert containers.repo_digest(TAG, found) == NEW_DIGEST
+    assert containers.repo_digest("registry:5000/other:v1", found) == found["repo_digests"][0]
+    assert containers.repo_digest(TAG, {"id": NEW, "repo_digests": []}) == ""  # docker load: none
+
+
+def test_start_labels_record_the_image_the_tag_names_without_touching_the_hash():
+    s = spec("a", "h1", image=TAG)
+    images = {TAG: {"id": NEW, "repo_digests": [NEW_DIGEST]}}
+    labels = containers.start_labels(s, images, [])
+    assert labels == dict(s["labels"], **{"pd.image-id": NEW, "pd.image-digest": NEW_DIGEST})
+    assert s["labels"] == {"pd.spec-hash": "h1", "pd.managed-by": "pd-deploy"}  # the spec is not changed
+    # an image without a repo digest (built or loaded on the host) gets the ID only
+    assert containers.start_labels(s, {TAG: {"id": NEW, "repo_digests": []}}, []) == \
+        dict(s["labels"], **{"pd.image-id": NEW})
+    # not resolved (pull: always passes none, or the probe did not find it): no image label
+    assert containers.start_labels(s, {}, []) == s["labels"]
+    assert containers.start_labels(s, None) == s["labels"]
+
+
+def test_a_stopped_container_of_the_same_spec_keeps_its_labels_so_it_is_started_not_recreated():
+    # docker_container compares labels strictly: new image labels would recreate it on the moved tag
+    s = spec("a", "h1", image=TAG)
+    images = {TAG: {"id": NEW, "repo_digests": [NEW_DIGEST]}}
+    stopped = [running_on("a", "h1", OLD, running=False, **{"pd.image-id": OLD})]
+    assert containers.start_labels(s, images, stopped) == dict(s["labels"], **{"pd.image-id": OLD})
+    # the new container of an interrupted replacement is removed and started afresh: the image read now
+    interrupted = stopped + [running_on("a-previous", "h0", OLD, running=False)]
+    assert containers.replacement_plan([s], interrupted)["remove"] == ["a"]
+    assert containers.start_labels(s, images, interrupted)["pd.image-id"] == NEW
+    # one made by an older pd-deploy carries none, and gets none
+    assert containers.start_labels(s, images, [running_on("a", "h1", OLD, running=False)]) == s["labels"]
+    # a container of another spec is replaced: the new one records the image it starts from
+    assert containers.start_labels(s, images, [running_on("a", "h0", OLD)])["pd.image-id"] == NEW
+
+
+def test_start_labels_refuse_what_is_not_a_launch_spec():
+    with pytest.raises(PdError) as err:
+        containers.start_labels({"name": "a"}, {})
+    assert err.value.where == "pd_start_labels"
+
+
+def test_a_container_running_its_spec_on_an_older_image_of_its_tag_is_moved():
+    specs = [spec("cur", "h1", image=TAG), spec("same", "h2", image=TAG), spec("chg", "h3", image=TAG),
+             spec("stop", "h4", image=TAG), spec("pin", "h5", image=NEW_DIGEST), spec("unknown", "h6", image=TAG),
+             spec("absent", "h7", image=TAG)]
+    observed = [running_on("cur", "h1", OLD, **{"pd.image-digest": "quay.io/ascend/vllm-ascend@sha256:old"}),
+                running_on("same", "h2", NEW), running_on("chg", "old", OLD),
+                running_on("stop", "h4", OLD, running=False), running_on("pin", "h5", OLD),
+                running_on("unknown", "h6", "")]
+    images = {TAG: {"id": NEW, "repo_digests": [NEW_DIGEST]}, NEW_DIGEST: {"id": NEW, "repo_digests": [NEW_DIGEST]}}
+    assert containers.moved_images(specs, observed, images) == [
+        {"name": "cur", "image": TAG, "running": OLD, "now": NEW,
+         "running_digest": "quay.io/ascend/vllm-ascend@sha256:old", "digest": NEW_DIGEST}]
+    # a tag that names no image on the host now is not a move (the prechecks report the missing image)
+    assert containers.moved_images(specs, observed, {}) == []
+
+
+def test_moved_image_warnings_name_cluster_containers_tag_both_images_and_the_fix():
+    move = {"cluster": "ca", "host": "a-d0", "name": "pd-ca-decode0-dp0", "image": TAG, "running": OLD, "now": NEW,
+            "running_digest": "", "digest": NEW_DIGEST}
+    (one,) = containers.moved_image_warnings([move])
+    assert one.startswith("WARNING ca: pd-ca-decode0-dp0 on a-d0 runs image a1a1a1a1a1a1, but its tag "
+                          f"{TAG} now names image b2b2b2b2b2b2 on the host")
+    assert "Nothing was recreated" in one and f"set pd_cluster.image to {NEW_DIGEST}" in one
+    assert f"To stay on the running image, set it to {OLD}." in one  # no digest recorded: its image ID
+    # the same move on two hosts is one warning; without a repo digest the image ID pins it
+    other = dict(move, host="a-d1", name="pd-ca-decode0-dp1", digest="", running_digest="quay.io/x@sha256:1")
+    (both,) = containers.moved_image_warnings([dict(move, digest=""), other])
+    assert "pd-ca-decode0-dp0 on a-d0, pd-ca-decode0-dp1 on a-d1 run image" in both and "those hosts" in both
+    assert f"set pd_cluster.image to {NEW}:" in both
+    assert "set it to quay.io/x@sha256:1" in both
+    # another cluster, or another image pair, is its own warning
+    assert len(containers.moved_image_warnings([move, dict(move, cluster="cb")])) == 2
+    assert containers.moved_image_warnings([]) == []

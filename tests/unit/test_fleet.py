@@ -363,7 +363,8 @@ def test_a_converged_fleet_rolls_nothing():
     plan = fleet.plan_fleet(example_fleet())
     targets = fleet.rollout_targets(plan, converged_probes(plan), HOSTS)
     assert targets == {"hosts": [], "batches": [1], "changed": [], "unchanged": ["cluster_a", "cluster_b"],
-                       "pending": {}, "reasons": {}, "removed": {}}
+                       "pending": {}, "reasons": {}, "removed": {}, "images": {h: {} for h in HOSTS},
+                       "moved": [], "warnings": []}
 
 
 def test_a_fresh_fleet_rolls_every_cluster_in_play_order():
@@ -605,6 +606,66 @@ def test_a_successful_or_dry_run_reads_nothing_again():
     assert lines[0] == "cluster_a: rolled out" and not any("could not be read" in line for line in lines)
     assert report.rollout_summary(plan, HOSTS, targets, True, outcomes={})[0].startswith("cluster_a: would be")
 
+
+
+# ---- know what runs: image IDs in the report, a moved tag warns (issue 19 item 4) --------------------
+
+OLD_ID, NEW_ID = "sha256:" + "0a" * 32, "sha256:" + "1b" * 32
+NIGHTLY = "quay.io/ascend/vllm-ascend:nightly-main"
+
+
+def _on_images(probes, running, now):
+    """The probes with every container running ``running`` and every image reference naming ``now``."""
+    for probe in probes.values():
+        for c in probe["containers"]:
+            c["image_id"] = running
+        probe["image_refs"] = {NIGHTLY: {"id": now, "repo_digests": []},
+                               "quay.io/ascend/vllm-ascend:v0.25.1rc1": {"id": running, "repo_digests": []}}
+    return probes
+
+
+def test_a_moved_tag_rolls_nothing_and_warns_once_per_cluster():
+    from pd_deploy import report
+    plan = fleet.plan_fleet(example_fleet())
+    targets = fleet.rollout_targets(plan, _on_images(converged_probes(plan), OLD_ID, NEW_ID), HOSTS)
+    # cluster_a runs nightly-main, which moved; cluster_b runs v0.25.1rc1, which did not
+    assert targets["hosts"] == [] and targets["changed"] == [] and targets["pending"] == {}
+    a_names = sorted(s["name"] for h in ("a-p0", "a-d0") for s in plan["hosts"][h]["specs"]) + \
+        ["pd-cluster_a-proxy"]
+    assert sorted(m["name"] for m in targets["moved"]) == a_names
+    assert {m["cluster"] for m in targets["moved"]} == {"cluster_a"}
+    (warning,) = targets["warnings"]
+    assert warning.startswith("WARNING cluster_a: pd-cluster_a-") and f"its tag {NIGHTLY} now names image 1b1b1b1b1b1b" in warning
+    lines = report.rollout_summary(plan, HOSTS, targets, outcomes={})
+    assert lines[-1] == warning
+    assert "  pd-cluster_a-decode0-dp0 on a-d0 port 8200 (image 0a0a0a0a0a0a; its tag now names 1b1b1b1b1b1b: " \
+           "see the WARNING below)" in lines
+    b_line = next(line for line in lines if line.startswith("  pd-cluster_b-decode0-dp0 "))
+    assert b_line.endswith(" (image 0a0a0a0a0a0a)")
+
+
+def test_the_report_shows_the_image_a_started_container_is_started_from():
+    from pd_deploy import report
+    plan = fleet.plan_fleet(example_fleet())
+    probes = _on_images(converged_probes(plan), OLD_ID, NEW_ID)
+    probes["a-d0"]["containers"] = []
+    targets = fleet.rollout_targets(plan, probes, HOSTS)
+    # started now: the image the tag names; still running: the one it runs (and its tag moved)
+    assert targets["images"]["a-d0"]["pd-cluster_a-decode0-dp0"] == NEW_ID
+    assert targets["images"]["a-p0"]["pd-cluster_a-prefill0-dp0"] == OLD_ID
+    # only what keeps running is a move: a-p0's ranks and proxy, not a-d0's ranks started afresh
+    assert {m["host"] for m in targets["moved"]} == {"a-p0"} and "pd-cluster_a-proxy" in [m["name"] for m in targets["moved"]]
+    lines = report.rollout_summary(plan, HOSTS, targets, outcomes={h: {"done": True} for h in targets["hosts"]})
+    assert "  pd-cluster_a-decode0-dp0 on a-d0 port 8200: started: it did not exist (image 1b1b1b1b1b1b)" in lines
+
+
+def test_the_report_after_a_failure_shows_the_image_each_container_runs_as_read_again():
+    from pd_deploy import report
+    plan = fleet.plan_fleet(example_fleet())
+    targets, outcomes = _failed_rollout(plan, {h: {"containers": []} for h in HOSTS})
+    after = _on_images(converged_probes(plan), OLD_ID, NEW_ID)
+    lines = report.rollout_summary(plan, HOSTS, targets, outcomes=outcomes, probes={h: after[h] for h in targets["hosts"]})
+    assert "  pd-cluster_b-decode0-dp0 on b-d0 port 8200: current launch spec, running, image 0a0a0a0a0a0a" in lines
 
 def _waves(plan, probes, cluster="cluster_b", role="decode"):
     return fleet.rollout_waves(plan, cluster, role, probes)

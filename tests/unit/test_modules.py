@@ -79,8 +79,12 @@ def engine():
     server.server_close()
 
 
+OLD_IMAGE, NEW_IMAGE = "sha256:" + "a" * 64, "sha256:" + "b" * 64
 CONTAINERS = [
-    {"Names": ["/pd-c-decode0-dp0"], "State": "running", "Labels": {"pd.spec-hash": "h0", "pd.managed-by": "pd-deploy"}},
+    # as dockerd lists them: Image is the reference it was created with, ImageID the image it runs
+    {"Names": ["/pd-c-decode0-dp0"], "State": "running", "Image": "registry.local/vllm-ascend:v0.25.1",
+     "ImageID": OLD_IMAGE, "Labels": {"pd.spec-hash": "h0", "pd.managed-by": "pd-deploy", "pd.image-id": OLD_IMAGE,
+                                      "pd.image-digest": "registry.local/vllm-ascend@sha256:" + "c" * 64}},
     {"Names": ["/pd-c-decode0-dp1"], "State": "exited", "Labels": {"pd.spec-hash": "h1", "pd.managed-by": "pd-deploy"}},
     {"Names": ["/pd-c-decode0-dp1-previous"], "State": "exited", "Labels": {"pd.spec-hash": "h-old"}},
 ]
@@ -99,7 +103,10 @@ class FakeDocker(http.server.BaseHTTPRequestHandler):
             assert json.loads(query["filters"][0]) == {"label": ["pd.managed-by=pd-deploy"]}
             self._send(200, json.dumps(CONTAINERS).encode())
         elif url.path == "/images/registry.local/vllm-ascend:v0.25.1/json":
-            self._send(200, b'{"Id": "sha256:1"}')
+            # the tag was rebuilt: it names another image than the one dp0 runs
+            self._send(200, json.dumps({"Id": NEW_IMAGE, "RepoDigests": ["registry.local/vllm-ascend@sha256:" + "d" * 64]}).encode())
+        elif url.path == "/images/local/built:1/json":
+            self._send(200, json.dumps({"Id": OLD_IMAGE, "RepoDigests": None}).encode())
         else:
             self._send(404, b'{"message": "No such image"}')
 
@@ -312,14 +319,28 @@ def test_disk_free_is_the_space_left_to_unprivileged_users(tmp_path):
 def test_containers_and_images_from_the_docker_api(docker_socket):
     ok, msg, found = probe_mod.list_containers(docker_socket, "pd.managed-by=pd-deploy")
     rest = {"cluster": "", "host": "", "baseline": False}  # the fake API's containers carry no such labels
+    none = {"image_id": "", "image_labels": {}}
     assert ok and msg == ""
     assert found == [
-        {"name": "pd-c-decode0-dp0", "state": "running", "running": True, "hash": "h0", **rest},
-        {"name": "pd-c-decode0-dp1", "state": "exited", "running": False, "hash": "h1", **rest},
-        {"name": "pd-c-decode0-dp1-previous", "state": "exited", "running": False, "hash": "h-old", **rest},
+        {"name": "pd-c-decode0-dp0", "state": "running", "running": True, "hash": "h0", **rest,
+         "image_id": OLD_IMAGE, "image_labels": {"pd.image-id": OLD_IMAGE,
+                                                 "pd.image-digest": "registry.local/vllm-ascend@sha256:" + "c" * 64}},
+        {"name": "pd-c-decode0-dp1", "state": "exited", "running": False, "hash": "h1", **rest, **none},
+        {"name": "pd-c-decode0-dp1-previous", "state": "exited", "running": False, "hash": "h-old", **rest, **none},
     ]
     missing = probe_mod.missing_images(docker_socket, ["registry.local/vllm-ascend:v0.25.1", "other:1"])
     assert missing == ["other:1"]
+
+
+def test_image_references_resolve_to_the_id_and_repo_digests_the_engine_reports(docker_socket):
+    refs = ["registry.local/vllm-ascend:v0.25.1", "local/built:1", "other:1", "local/built:1"]
+    assert probe_mod.resolve_images(docker_socket, refs) == {
+        "registry.local/vllm-ascend:v0.25.1": {"id": NEW_IMAGE,
+                                               "repo_digests": ["registry.local/vllm-ascend@sha256:" + "d" * 64]},
+        "local/built:1": {"id": OLD_IMAGE, "repo_digests": []},  # built or loaded: no repo digest
+    }
+    # one inspect per reference, repeated or not
+    assert sum(r.startswith("/images/local/built:1/") for r in FakeDocker.requests) == 1
 
 
 def test_containers_without_an_engine(tmp_path):
@@ -356,7 +377,8 @@ def test_pd_host_probe_runs_as_a_module(docker_socket, engine, tmp_path):
     result = ansible_module("pd_host_probe", {
         "docker_socket": docker_socket, "paths": ["/dev/null", str(tmp_path / "nope")], "npu_smi": str(npu_smi),
         "host_facts": True, "disk_path": str(tmp_path), "images": ["other:1"],
-        "containers": [{"name": "pd-c-decode0-dp0", "hash": "h0", "health_url": f"{engine}/health"},
+        "containers": [{"name": "pd-c-decode0-dp0", "hash": "h0", "health_url": f"{engine}/health",
+                        "image": "registry.local/vllm-ascend:v0.25.1"},
                        {"name": "pd-c-decode0-dp1", "hash": "h1", "health_url": f"{engine}/sick"}],
     })
     assert result["changed"] is False and not result.get("failed")
@@ -366,6 +388,10 @@ def test_pd_host_probe_runs_as_a_module(docker_socket, engine, tmp_path):
     assert result["docker"] == {"ok": True, "msg": ""} and result["images_missing"] == ["other:1"]
     # dp0 runs h0 and is probed; dp1 is stopped, so not probed
     assert [h["name"] for h in result["health"]] == ["pd-c-decode0-dp0"] and result["health"][0]["ok"]
+    # what dp0 runs and what its tag names now: the controller compares them (pd_deploy.containers)
+    assert result["containers"][0]["image_id"] == OLD_IMAGE
+    assert result["image_refs"]["registry.local/vllm-ascend:v0.25.1"]["id"] == NEW_IMAGE
+    assert "other:1" not in result["image_refs"]
 
 
 @pytest.mark.ansible
