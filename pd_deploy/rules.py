@@ -444,17 +444,41 @@ def _split_image(image):
     return name, tag
 
 
+def machine_npus(hosts):
+    """{machine: NPUs the machine has at least}, from its host entries however they split it.
+
+    A machine (``pd_machine``, default the host's address) has at least as many NPUs as the highest
+    device number any of its entries uses: two 8-NPU entries at pd_npu_first 0 and 8 are one 16-NPU
+    machine, and so is one 8-NPU entry at pd_npu_first 8. Image variants (the -a3 tag) and every other
+    fact of the hardware follow the machine, never one host entry.
+    """
+    out = {}
+    for host in hosts:
+        npus, first = host.get("npus"), host.get("npu_first") or 0
+        if not (_is_int(npus) and _is_int(first)):
+            continue
+        machine = str(host.get("machine") or host.get("address") or host.get("name"))
+        out[machine] = max(out.get(machine, 0), first + npus)
+    return out
+
+
 def rule_image_tag(ctx):
-    """The official image's tag must be the version row's (plus -a3 on 16-NPU A3 hosts)."""
+    """The official image's tag must be the version row's (plus -a3 on 16-NPU A3 machines).
+
+    vllm-ascend builds two images per release from two Dockerfiles (main: Dockerfile for A2/910B,
+    Dockerfile.a3 for A3), published as <tag> and <tag>-a3: the variant is the machine's SoC, so a
+    16-NPU machine listed as two 8-NPU hosts still runs the -a3 image (``machine_npus``).
+    """
     row, image = ctx["row"], ctx["cluster"].get("image")
     if row is None or not isinstance(image, str):
         return []
     repo, tag = _split_image(image)
     if repo != OFFICIAL_IMAGE:
         return []
-    a3 = any(h.get("npus") == A3_NPUS for h in ctx["topo"]["hosts"].values())
+    a3 = sorted(m for m, n in machine_npus(ctx["topo"]["hosts"].values()).items() if n >= A3_NPUS)
     suffix = A3_SUFFIX if a3 else ""
-    kind = "A3 hosts (16 NPUs) run the -a3 image" if a3 else "A2 hosts run the image without -a3"
+    kind = (f"machine(s) {', '.join(a3)} have {A3_NPUS} NPUs: A3 machines run the -a3 image, however the "
+            "inventory splits them into hosts" if a3 else "A2 machines (8 NPUs) run the image without -a3")
     if row["image_tag"] is None:
         return [_v("warning", ctx["name"], "image",
                    f"vllm-ascend {row['line']} has no published image tag in pd_deploy/data/versions.yml: "

@@ -325,3 +325,6 @@ def test_local_inventory_renders_both_roles_on_one_address(rendered):
     ports += [s["ports"]["dp_rpc"] for s in all_specs if s.get("dp_rank") == 0 and "dp_rpc" in s["ports"]]
     assert len(ports) == len(set(ports))
     assert "capacity.md" in files_under(build / "render" / "local")
+    # one 16-NPU machine split into two 8-NPU hosts: an A3, whose image is the -a3 variant (issue 19 #2)
+    assert {s["image"] for s in all_specs if s["role"] in ("prefill", "decode")} == {
+        "quay.io/ascend/vllm-ascend:nightly-main-a3"}

@@ -734,6 +734,36 @@ def test_image_tag_matches_the_version_row(image, npus, level):
         assert vs[0]["fix"].startswith("set image: quay.io/ascend/vllm-ascend:v0.25.1rc1")
 
 
+def split_machine_hosts(address="10.0.0.1", **over):
+    """One 16-NPU machine listed as two 8-NPU hosts (as inventories/local does): P on 0-7, D on 8-15."""
+    return [make_host("m-p0", "prefill", address, npus=8, machine="m1", **over),
+            make_host("m-d0", "decode", address, npus=8, npu_first=8, machine="m1", **over)]
+
+
+@pytest.mark.parametrize("image, level", [
+    ("quay.io/ascend/vllm-ascend:v0.25.1rc1-a3", None),    # the machine has 16 NPUs: A3 image
+    ("quay.io/ascend/vllm-ascend:v0.25.1rc1", "error"),    # the A2 image is built for another SoC
+])
+def test_image_variant_follows_the_machine_not_the_host(image, level):
+    """Two 8-NPU host entries of one 16-NPU machine (pd_npu_first 0 and 8) run the -a3 image
+    (vllm-ascend main: Dockerfile builds for ascend910b1, Dockerfile.a3 for ascend910_9391)."""
+    cluster = make_cluster("0.25.1rc1")
+    cluster["image"] = image
+    vs = hits(check(cluster, hosts=split_machine_hosts()), "image")
+    assert [v["level"] for v in vs] == ([level] if level else [])
+    if level:
+        assert vs[0]["fix"] == ("set image: quay.io/ascend/vllm-ascend:v0.25.1rc1-a3, or vllm_ascend_version "
+                                "to the line of the tag you run")
+        assert "m1" in vs[0]["message"]
+
+
+def test_machine_npus_counts_the_machine_whatever_its_split():
+    hosts = split_machine_hosts() + [make_host("x", "decode", "10.0.0.9")]
+    assert rules.machine_npus(hosts) == {"m1": 16, "10.0.0.9": 8}
+    # one entry on the upper half alone still proves a 16-NPU machine
+    assert rules.machine_npus([make_host("y", "decode", "10.0.0.3", npu_first=8)]) == {"10.0.0.3": 16}
+
+
 def test_main_images_are_nightly_main():
     assert hits(check(make_cluster("main")), "image") == []
     cluster = make_cluster("main")
