@@ -769,7 +769,8 @@ def rule_unique_engine_id(ctx):
 
 
 def _kv_claims(ctx):
-    """(address, lo, hi, role, index, host) of each Mooncake instance on each address it runs on."""
+    """(machine, lo, hi, role, index, host) of each Mooncake instance on each machine it runs on
+    (host networking: ports are the machine's, however the inventory splits it into hosts)."""
     claims = []
     for inst in _instances(ctx):
         role = inst.get("role")
@@ -780,14 +781,14 @@ def _kv_claims(ctx):
             continue
         hosts = {}
         for rank in inst.get("ranks") or []:
-            hosts.setdefault(rank.get("address"), rank.get("host"))
+            hosts.setdefault(ports.machine_of(ctx["topo"], rank.get("host"), rank.get("address")), rank.get("host"))
         for address, host in hosts.items():
             claims.append((address, port, port + dp * tp, role, inst.get("index"), host))
     return claims
 
 
 def rule_kv_port_ranges(ctx):
-    """kv_port .. kv_port + dp x tp of instances on one host address must not overlap."""
+    """kv_port .. kv_port + dp x tp of instances on one machine must not overlap."""
     out = []
     claims = _kv_claims(ctx)
     for i, (addr, lo, hi, role, index, host) in enumerate(claims):
@@ -977,28 +978,32 @@ def rule_topology_fit(ctx):
 
 
 def _single_claims(ctx):
-    """(address, port, label, field, where) of every HTTP, DP RPC and proxy port of the cluster."""
+    """(machine, port, label, field, where) of every HTTP, DP RPC and proxy port of the cluster."""
     claims = []
+    topo = ctx["topo"]
     for inst in _instances(ctx):
         role, index = inst.get("role"), inst.get("index")
         for rank in inst.get("ranks") or []:
-            claims.append((rank.get("address"), rank.get("port"), f"{rank.get('container')} http",
-                           f"{role}.port_base", _where(ctx, role, index, rank.get("host"))))
+            claims.append((ports.machine_of(topo, rank.get("host"), rank.get("address")), rank.get("port"),
+                           f"{rank.get('container')} http", f"{role}.port_base",
+                           _where(ctx, role, index, rank.get("host"))))
         if inst.get("dp_address") is not None:
-            claims.append((inst.get("dp_address"), inst.get("dp_rpc_port"), f"{role} instance {index} dp rpc",
+            first = (inst.get("ranks") or [{}])[0]
+            claims.append((ports.machine_of(topo, first.get("host"), inst.get("dp_address")),
+                           inst.get("dp_rpc_port"), f"{role} instance {index} dp rpc",
                            f"{role}.dp_rpc_port", _where(ctx, role, index)))
     proxy = ctx["cluster"]["proxy"]
     host_name = proxy.get("host") or next(
         (n for n, h in ctx["topo"]["hosts"].items() if h.get("role") == "prefill"), None)
     host = ctx["topo"]["hosts"].get(host_name)
     if host is not None:
-        claims.append((host.get("address"), proxy.get("port"), "proxy", "proxy.port",
+        claims.append((ports.machine_of(ctx["topo"], host_name), proxy.get("port"), "proxy", "proxy.port",
                        f"{ctx['name']}@{host_name}"))
     return claims
 
 
 def rule_ports_unique(ctx):
-    """HTTP, DP RPC and proxy ports are unique per host address and stay out of kv port ranges."""
+    """HTTP, DP RPC and proxy ports are unique per machine and stay out of kv port ranges."""
     out = []
     claims = [c for c in _single_claims(ctx) if _is_int(c[1])]
     for i, (addr, port, label, field, where) in enumerate(claims):

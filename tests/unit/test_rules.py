@@ -416,6 +416,23 @@ def test_kv_port_ranges_must_not_overlap_on_one_address():
     assert hits(check(with_role("decode", kv_port=30000)), "decode.kv_port") == []
 
 
+def test_ports_are_the_machines_whatever_addresses_its_hosts_have():
+    """Two host entries of one machine (pd_machine) with two addresses share one port space: host
+    networking binds every rank on the machine (issue 19 #2: per-machine rules)."""
+    hosts = [make_host("m-p0", "prefill", "10.0.0.1", machine="m1"),
+             make_host("m-d0", "decode", "10.0.0.2", npu_first=8, machine="m1")]
+    found = hits(check(with_role("decode", kv_port=30004), hosts=hosts), "decode.kv_port", "error")
+    assert found and "on m1" in found[0]["message"]
+    found = hits(check(with_role("decode", port_base=8101, kv_port=30100), hosts=hosts), "decode.port_base", "error")
+    assert found and "also used by pd-cluster_a-prefill0-dp1" in found[0]["message"]
+    # each instance of the machine gets its own HCCL window
+    topo = make_topo(make_cluster(), hosts)
+    assert sorted({r["hccl_slot"] for r in topo["hosts"]["m-d0"]["ranks"]}) == [1]
+    # two machines may reuse the same ports
+    apart = [dict(h, machine=f"m{i}") for i, h in enumerate(hosts)]
+    assert hits(check(with_role("decode", kv_port=30004), hosts=apart), "decode.kv_port") == []
+
+
 def test_kv_port_ranges_between_instances_of_a_role():
     cluster = with_role("prefill", instances=2, dp=1)  # two DP1 x TP4 instances on one host
     topo = make_topo(cluster, make_hosts())
