@@ -864,38 +864,52 @@ def rule_shm_vs_pinned(ctx):
 
 
 def rule_host_ram(ctx):
-    """Host RAM >= cpu_offload of every role on the host + reserve."""
+    """Machine RAM >= cpu_offload of every role on the machine + reserve.
+
+    RAM belongs to the machine (``pd_machine``): a machine split into several host entries pins the
+    offload of all of them in one RAM, so the roles' cpu_offload is summed over its entries.
+    """
     out = []
+    machines = {}
     for name, host in ctx["topo"]["hosts"].items():
-        ram = host.get("ram_bytes")
-        if not _is_int(ram):
+        if not _is_int(host.get("ram_bytes")):
             continue
+        key = ports.machine_of(ctx["topo"], name, host.get("address"))
+        machines.setdefault(key, []).append((name, host))
+    for machine, members in machines.items():
+        ram = min(host["ram_bytes"] for _, host in members)
         reserve = ctx["ram_reserve_bytes"]
         if reserve is None:
-            reserve = host.get("ram_reserve_bytes")
-            reserve = reserve if _is_int(reserve) else DEFAULT_RAM_RESERVE_BYTES
-        roles = sorted({r.get("role") for r in host.get("ranks") or []} & set(ROLES))
-        offload = 0
-        for role in roles:
-            rcfg = ctx["roles"][role]
-            if rcfg.get("offload_connector") != "none" and _is_int(rcfg.get("cpu_offload_bytes")):
-                offload += rcfg["cpu_offload_bytes"]
+            found = [h.get("ram_reserve_bytes") for _, h in members if _is_int(h.get("ram_reserve_bytes"))]
+            reserve = max(found) if found else DEFAULT_RAM_RESERVE_BYTES
+        offload, roles = 0, set()
+        for _, host in members:
+            here = sorted({r.get("role") for r in host.get("ranks") or []} & set(ROLES))
+            roles.update(here)
+            for role in here:
+                rcfg = ctx["roles"][role]
+                if rcfg.get("offload_connector") != "none" and _is_int(rcfg.get("cpu_offload_bytes")):
+                    offload += rcfg["cpu_offload_bytes"]
+        roles = sorted(roles)
+        name = members[0][0]
+        what = "host" if len(members) == 1 else f"machine {machine} ({', '.join(n for n, _ in members)})"
         guidance = capacity.ram_guidance(offload)
         if offload and offload + reserve <= ram < guidance:
             role = roles[0] if len(roles) == 1 else None
             out.append(_v("warning", _where(ctx, role, host=name), "pd_host_ram",
-                          f"host RAM {sizes.to_human(ram)} is below the article's guidance for "
+                          f"{what} RAM {sizes.to_human(ram)} is below the article's guidance for "
                           f"{sizes.to_human(offload)} of CPU offload: {sizes.to_human(guidance)} (offload + 312GiB "
                           "for the system and vLLM, from its 200 GB offload -> >= 512 GB RAM)",
-                          f"use a host with >= {sizes.to_human(guidance)} of RAM, or lower cpu_offload to "
-                          f"{sizes.to_human(max(0, ram - (guidance - offload)))} on this host"))
+                          f"use a machine with >= {sizes.to_human(guidance)} of RAM, or lower cpu_offload to "
+                          f"{sizes.to_human(max(0, ram - (guidance - offload)))} on this {what.split()[0]}"))
         if offload and ram < offload + reserve:
             role = roles[0] if len(roles) == 1 else None
             out.append(_v("error", _where(ctx, role, host=name), f"{role or '/'.join(roles)}.cpu_offload",
-                          f"host RAM {sizes.to_human(ram)} < {sizes.to_human(offload)} pinned offload + "
+                          f"{what} RAM {sizes.to_human(ram)} < {sizes.to_human(offload)} pinned offload + "
                           f"{sizes.to_human(reserve)} reserve for the system and the engines",
-                          f"lower cpu_offload to at most {sizes.to_human(max(0, ram - reserve))} on this host, "
-                          "or use a host with more RAM (the article pairs 200 GB offload with >= 512 GB RAM)"))
+                          f"lower cpu_offload to at most {sizes.to_human(max(0, ram - reserve))} on this "
+                          f"{what.split()[0]}, or use a machine with more RAM (the article pairs 200 GB offload "
+                          "with >= 512 GB RAM)"))
     return out
 
 

@@ -751,10 +751,10 @@ def test_image_tag_matches_the_version_row(image, npus, level):
         assert vs[0]["fix"].startswith("set image: quay.io/ascend/vllm-ascend:v0.25.1rc1")
 
 
-def split_machine_hosts(address="10.0.0.1", **over):
+def split_machine_hosts(address="10.0.0.1", ram=1024 * GIB):
     """One 16-NPU machine listed as two 8-NPU hosts (as inventories/local does): P on 0-7, D on 8-15."""
-    return [make_host("m-p0", "prefill", address, npus=8, machine="m1", **over),
-            make_host("m-d0", "decode", address, npus=8, npu_first=8, machine="m1", **over)]
+    return [make_host("m-p0", "prefill", address, npus=8, machine="m1", ram=ram),
+            make_host("m-d0", "decode", address, npus=8, npu_first=8, machine="m1", ram=ram)]
 
 
 @pytest.mark.parametrize("image, level", [
@@ -835,3 +835,17 @@ def test_ram_below_the_articles_guidance_is_a_warning():
     assert [(v["level"], v["where"]) for v in found] == [("warning", "cluster_a/prefill@a-p0")]
     assert "512GiB" in found[0]["message"]
     assert hits(check(hosts=make_hosts(p_ram=512 * GIB, d_ram=512 * GIB)), "pd_host_ram") == []
+
+
+def test_ram_is_the_machines_when_it_is_split_into_hosts():
+    """P and D entries of one 512 GiB machine pin 200 GiB each: 400 GiB + 64 GiB reserve fits, but the
+    article's guidance for 400 GiB of offload is 712 GiB: a warning naming the machine. Two 512 GiB
+    machines with 200 GiB each are fine."""
+    hosts = split_machine_hosts(ram=512 * GIB)
+    found = hits(check(hosts=hosts), "pd_host_ram")
+    assert [v["level"] for v in found] == ["warning"]
+    assert "machine m1 (m-p0, m-d0) RAM 512GiB" in found[0]["message"] and "400GiB" in found[0]["message"]
+    apart = [dict(h, machine=f"m{i}") for i, h in enumerate(hosts)]
+    assert hits(check(hosts=apart), "pd_host_ram") == []
+    small = split_machine_hosts(ram=440 * GIB)     # 400 + 64 reserve > 440: the pinned offload cannot fit
+    assert [v["level"] for v in check(hosts=small) if v["field"] == "decode/prefill.cpu_offload"] == ["error"]
