@@ -197,7 +197,7 @@ def _kv_figures(cluster, role, hosts, topo):
         worst = est["hosts"][est["worst"]]
         per_npu = worst["kv_per_npu_bytes"]
         basis = (f"weights: {est['quantization']} {est['family']} "
-                 f"(pd_deploy/data/models.yml), HBM x gpu_memory_utilization - weights - reserve")
+                 f"(pd_deploy/data/models.yml), HBM the device exposes x gpu_memory_utilization - weights - reserve")
         extra = {"weights_per_npu_bytes": worst["weights"]["total_bytes"],
                  "reserve_per_npu_bytes": worst["reserve"]["total_bytes"],
                  "usable_per_npu_bytes": worst["usable_per_npu_bytes"],

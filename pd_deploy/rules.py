@@ -434,6 +434,9 @@ def rule_recipe_flags(ctx):
 OFFICIAL_IMAGE = "quay.io/ascend/vllm-ascend"
 A3_NPUS = 16
 A3_SUFFIX = "-a3"
+#: npu-smi's Name column on an Atlas A3 (its dies show "Ascend910", A2's "910B3"; prechecks compare it
+#: with pd_npu_chip): an entry naming this chip is on an A3 machine, whatever NPUs it lists
+A3_CHIPS = ("ascend910",)
 
 
 def _split_image(image):
@@ -475,7 +478,10 @@ def rule_image_tag(ctx):
     repo, tag = _split_image(image)
     if repo != OFFICIAL_IMAGE:
         return []
-    a3 = sorted(m for m, n in machine_npus(ctx["topo"]["hosts"].values()).items() if n >= A3_NPUS)
+    hosts = list(ctx["topo"]["hosts"].values())
+    a3 = sorted(set(m for m, n in machine_npus(hosts).items() if n >= A3_NPUS) | {
+        str(h.get("machine") or h.get("address") or h.get("name")) for h in hosts
+        if str(h.get("npu_chip") or "").strip().lower() in A3_CHIPS})
     suffix = A3_SUFFIX if a3 else ""
     kind = (f"machine(s) {', '.join(a3)} have {A3_NPUS} NPUs: A3 machines run the -a3 image, however the "
             "inventory splits them into hosts" if a3 else "A2 machines (8 NPUs) run the image without -a3")

@@ -774,6 +774,18 @@ def test_image_variant_follows_the_machine_not_the_host(image, level):
         assert "m1" in vs[0]["message"]
 
 
+def test_an_a3_chip_name_makes_the_machine_a3_even_when_the_cluster_sees_eight_npus():
+    """A cluster holding only NPUs 0-7 of an A3 still runs the -a3 image when pd_npu_chip says Ascend910
+    (npu-smi's Name on A3 dies; the prechecks compare pd_npu_chip with it)."""
+    cluster = make_cluster("0.25.1rc1")
+    hosts = [make_host("a-p0", "prefill", "10.0.0.1", npu_chip="Ascend910"),
+             make_host("a-d0", "decode", "10.0.0.2", npu_chip="Ascend910")]
+    found = hits(check(cluster, hosts=hosts), "image")
+    assert [v["level"] for v in found] == ["error"] and "v0.25.1rc1-a3" in found[0]["fix"]
+    cluster["image"] = "quay.io/ascend/vllm-ascend:v0.25.1rc1-a3"
+    assert hits(check(cluster, hosts=hosts), "image") == []
+
+
 def test_machine_npus_counts_the_machine_whatever_its_split():
     hosts = split_machine_hosts() + [make_host("x", "decode", "10.0.0.9")]
     assert rules.machine_npus(hosts) == {"m1": 16, "10.0.0.9": 8}
