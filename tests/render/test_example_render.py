@@ -294,10 +294,13 @@ def test_capacity_summary_is_an_estimate_from_the_weights_per_npu(rendered):
     per_npu = int((64 * 1024 ** 3 - round(3.04 * 1024 ** 3)) * 0.85) - weights - reserve
     text = (build / "render" / "cluster_a" / "capacity.md").read_text()
     rows = {line.split(" | ")[0][2:]: line.split(" | ")[1] for line in text.splitlines() if line.startswith("| ")}
-    assert rows["KV budget per NPU (estimate)"] == f"{per_npu / 1024 ** 3:.2f}GiB"
-    assert rows["KV budget per DP group (TP NPUs)"] == f"{per_npu * 4 / 1024 ** 3:.2f}GiB"
-    assert rows["KV budget per instance (DP groups)"] == f"{per_npu * 8 / 1024 ** 3:.2f}GiB"
-    assert rows["KV budget per host (the role's NPUs on it)"] == f"{per_npu * 8 / 1024 ** 3:.2f}GiB"
+    def gib(row):  # the report writes sizes as to_human does: two decimals, trailing zeros dropped
+        assert row.endswith("GiB"), row
+        return float(row[:-3])
+    assert gib(rows["KV budget per NPU (estimate)"]) == round(per_npu / 1024 ** 3, 2)
+    assert gib(rows["KV budget per DP group (TP NPUs)"]) == round(per_npu * 4 / 1024 ** 3, 2)
+    assert gib(rows["KV budget per instance (DP groups)"]) == round(per_npu * 8 / 1024 ** 3, 2)
+    assert gib(rows["KV budget per host (the role's NPUs on it)"]) == round(per_npu * 8 / 1024 ** 3, 2)
     assert per_npu * 8 < 0.5 * 8 * 64 * 1024 ** 3 * 0.85 * 0.6, "far below the article's 0.6 share"
     # both limits are per DP group: 32768 // 10240 = 3 prompts per group, 6 per DP2 instance
     assert rows["expected P concurrency per DP group / per instance"] == "3 / 6"
