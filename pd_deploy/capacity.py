@@ -300,35 +300,98 @@ def runtime_reserve(reserve, max_num_batched_tokens):
     ``reserve`` is a family's ``runtime_reserve`` entry: fixed_bytes_per_npu (communication buffers,
     workspace, graphs) + activation_bytes_per_batched_token x max_num_batched_tokens (the peak
     activation of one step grows with its tokens). Returns ``{total_bytes, fixed_bytes,
-    activation_bytes}``.
+    activation_bytes, hbm_not_exposed_bytes}``; the last is HBM the device never exposes
+    (``hbm_not_exposed_bytes_per_npu``, 0 when unset), taken off before gpu_memory_utilization and
+    not part of ``total_bytes``.
     """
     where = "pd_runtime_reserve"
     reserve = _mapping(reserve, "runtime_reserve", where)
     fixed = check_int(reserve.get("fixed_bytes_per_npu"), "runtime_reserve.fixed_bytes_per_npu", where, minimum=0)
     per_token = check_int(reserve.get("activation_bytes_per_batched_token"),
                           "runtime_reserve.activation_bytes_per_batched_token", where, minimum=0)
+    not_exposed = check_int(reserve.get("hbm_not_exposed_bytes_per_npu", 0),
+                            "runtime_reserve.hbm_not_exposed_bytes_per_npu", where, minimum=0)
     check_int(max_num_batched_tokens, "max_num_batched_tokens", where, minimum=1)
     activation = per_token * max_num_batched_tokens
-    return {"total_bytes": fixed + activation, "fixed_bytes": fixed, "activation_bytes": activation}
+    return {"total_bytes": fixed + activation, "fixed_bytes": fixed, "activation_bytes": activation,
+            "hbm_not_exposed_bytes": not_exposed}
 
 
-def kv_budget_per_npu(hbm_per_npu, gpu_memory_utilization, weights_bytes, reserve_bytes):
-    """Estimated KV cache bytes of one NPU: HBM x gpu_memory_utilization - weights - reserve.
+def kv_budget_per_npu(hbm_per_npu, gpu_memory_utilization, weights_bytes, reserve_bytes, hbm_not_exposed_bytes=0):
+    """Estimated KV cache bytes of one NPU: (HBM - not exposed) x gpu_memory_utilization - weights - reserve.
 
-    vLLM sizes its KV cache as what is left of HBM x gpu_memory_utilization after the weights, the
-    profiled peak activation and the memory outside PyTorch (communication buffers). Returns
-    ``{kv_bytes, usable_bytes, weights_bytes, reserve_bytes, fits}``; ``kv_bytes`` is negative when
-    the weights and the reserve alone exceed the budget (``fits`` false: the engine cannot start).
+    vLLM sizes its KV cache as what is left of the device's total memory x gpu_memory_utilization
+    after the weights, the profiled peak activation and the memory outside PyTorch. The total is what
+    the device exposes, not its nominal HBM: a "64 GB" 910B exposes 60.96 GiB (vllm-ascend issue
+    13439's start-up log), so ``hbm_not_exposed_bytes`` (models.yml runtime_reserve) comes off first.
+    Returns ``{kv_bytes, usable_bytes, exposed_bytes, weights_bytes, reserve_bytes, fits}``;
+    ``kv_bytes`` is negative when the weights and the reserve alone exceed the budget (``fits``
+    false: the engine cannot start).
     """
     where = "pd_kv_budget_per_npu"
     hbm = to_bytes(hbm_per_npu, field="hbm_per_npu", where=where)
     util = check_number(gpu_memory_utilization, "gpu_memory_utilization", where, low=0, high=1, low_open=True)
     check_int(weights_bytes, "weights_bytes", where, minimum=0)
     check_int(reserve_bytes, "reserve_bytes", where, minimum=0)
-    usable = int(hbm * util)
+    check_int(hbm_not_exposed_bytes, "hbm_not_exposed_bytes", where, minimum=0)
+    exposed = max(0, hbm - hbm_not_exposed_bytes)
+    usable = int(exposed * util)
     kv = usable - weights_bytes - reserve_bytes
-    return {"kv_bytes": kv, "usable_bytes": usable, "weights_bytes": weights_bytes,
+    return {"kv_bytes": kv, "usable_bytes": usable, "exposed_bytes": exposed, "weights_bytes": weights_bytes,
             "reserve_bytes": reserve_bytes, "fits": kv > 0}
+
+
+#: Ascend device families whose KV cache layout vllm-ascend sets itself (models.yml kv_cache_layout).
+DEVICE_FAMILIES = ("a2", "a3")
+
+
+def kv_bytes_per_token(layout, device_family="a2"):
+    """Marginal KV cache bytes per token per worker (NPU) derived from a model's cache layout.
+
+    ``layout`` is a family's ``kv_cache_layout`` entry of pd_deploy/data/models.yml: the number of
+    layers per compress ratio, the attention cache's head size, the indexer cache (head size, scale
+    entries, the ratios that have one) and, per device family, the bytes of each element. A layer
+    of compress ratio r keeps one cache entry per r tokens (one latent head, held whole by every
+    worker), so per token it costs (attention entry + indexer entry if any) / r; layers of ratio
+    <= 1 keep only a sliding window, a per-request cost that does not grow with context.
+
+    Returns ``{bytes_per_token, by_ratio: {ratio: bytes per token of all its layers},
+    attention_entry_bytes, indexer_entry_bytes, device_family}`` (bytes_per_token may be fractional).
+    """
+    where = "pd_kv_bytes_per_token"
+    layout = _mapping(layout, "kv_cache_layout", where)
+    families = _mapping(layout.get("device_families"), "kv_cache_layout.device_families", where)
+    if device_family not in families:
+        raise PdError(where, "device_family", f"{device_family!r} is not one of {', '.join(sorted(families))}",
+                      "give the device family of the machines (a2: 910B, 8 NPUs; a3: 16 NPUs)")
+    dev = _mapping(families[device_family], f"kv_cache_layout.device_families.{device_family}", where)
+
+    def num(mapping, key, field):
+        return check_int(mapping.get(key), field, where, minimum=0)
+
+    layers = _mapping(layout.get("layers_by_compress_ratio"), "kv_cache_layout.layers_by_compress_ratio", where)
+    indexer = _mapping(layout.get("indexer"), "kv_cache_layout.indexer", where)
+    head = num(layout, "attention_head_size", "kv_cache_layout.attention_head_size")
+    attention = (head + num(dev, "attention_extra_head", f"device_families.{device_family}.attention_extra_head")) \
+        * num(dev, "attention_dtype_bytes", f"device_families.{device_family}.attention_dtype_bytes")
+    index_entry = (num(indexer, "head_size", "kv_cache_layout.indexer.head_size")
+                   * num(dev, "indexer_dtype_bytes", f"device_families.{device_family}.indexer_dtype_bytes")
+                   + num(indexer, "scale_entries", "kv_cache_layout.indexer.scale_entries")
+                   * num(dev, "indexer_scale_bytes", f"device_families.{device_family}.indexer_scale_bytes"))
+    with_indexer = indexer.get("compress_ratios") or []
+    by_ratio, total = {}, Fraction(0)
+    for ratio, count in sorted(layers.items(), key=lambda kv: int(kv[0])):
+        ratio, count = int(ratio), check_int(count, f"kv_cache_layout.layers_by_compress_ratio.{ratio}", where,
+                                             minimum=0)
+        if ratio <= 1:
+            by_ratio[ratio] = 0
+            continue
+        entry = attention + (index_entry if ratio in with_indexer else 0)
+        cost = Fraction(count * entry, ratio)
+        by_ratio[ratio] = float(cost)
+        total += cost
+    return {"bytes_per_token": float(total), "by_ratio": by_ratio, "attention_entry_bytes": attention,
+            "indexer_entry_bytes": index_entry, "device_family": device_family}
 
 
 def role_kv_budget(family, quantization, hbm_per_npu, gpu_memory_utilization, tp, dp, max_num_batched_tokens,
@@ -349,9 +412,11 @@ def role_kv_budget(family, quantization, hbm_per_npu, gpu_memory_utilization, tp
         expert_parallel = bool(_mapping(weights, "weights", where).get("expert_parallel", False))
     w = weights_per_npu(weights, quantization, tp, dp, expert_parallel)
     r = runtime_reserve(family.get("runtime_reserve"), max_num_batched_tokens)
-    b = kv_budget_per_npu(hbm_per_npu, gpu_memory_utilization, w["total_bytes"], r["total_bytes"])
+    b = kv_budget_per_npu(hbm_per_npu, gpu_memory_utilization, w["total_bytes"], r["total_bytes"],
+                          r["hbm_not_exposed_bytes"])
     per_npu = max(0, b["kv_bytes"])
     return {"weights": w, "reserve": r, "usable_per_npu_bytes": b["usable_bytes"],
+            "exposed_per_npu_bytes": b["exposed_bytes"],
             "kv_per_npu_bytes": per_npu, "kv_per_dp_group_bytes": per_npu * tp,
             "kv_per_instance_bytes": per_npu * tp * dp, "shortfall_bytes": max(0, -b["kv_bytes"]),
             "fits": b["fits"], "expert_parallel": expert_parallel, "estimate": True}
@@ -440,7 +505,8 @@ def weights_fit_problems(cluster, role, hosts):
                    f"{to_human(w['expert_bytes'])}; dense over TP{rcfg['tp']}: {to_human(w['dense_bytes'])}) + "
                    f"~{to_human(r['total_bytes'])} runtime/activation reserve, but "
                    f"{to_human(host['hbm_per_npu_bytes'])} x gpu_memory_utilization "
-                   f"{rcfg['engine']['gpu_memory_utilization']} = {to_human(b['usable_per_npu_bytes'])}: "
+                   f"{rcfg['engine']['gpu_memory_utilization']} = {to_human(b['usable_per_npu_bytes'])} "
+                   f"(of the {to_human(b['exposed_per_npu_bytes'])} the device exposes): "
                    f"no HBM is left for KV, the engine cannot start (estimate, pd_deploy/data/models.yml)")
         fixes = []
         for factor in (2, 4, 8):
@@ -471,6 +537,7 @@ FILTERS = {
     "pd_weights_per_npu": weights_per_npu,
     "pd_runtime_reserve": runtime_reserve,
     "pd_kv_budget_per_npu": kv_budget_per_npu,
+    "pd_kv_bytes_per_token": kv_bytes_per_token,
     "pd_role_kv_budget": role_kv_budget,
     "pd_ram_guidance": ram_guidance,
 }

@@ -258,7 +258,7 @@ def _kv_figures(cluster, role, hosts, topo):
         worst = est["hosts"][est["worst"]]
         per_npu = worst["kv_per_npu_bytes"]
         basis = (f"weights: {est['quantization']} {est['family']} "
-                 f"(pd_deploy/data/models.yml), HBM x gpu_memory_utilization - weights - reserve")
+                 f"(pd_deploy/data/models.yml), HBM the device exposes x gpu_memory_utilization - weights - reserve")
         extra = {"weights_per_npu_bytes": worst["weights"]["total_bytes"],
                  "reserve_per_npu_bytes": worst["reserve"]["total_bytes"],
                  "usable_per_npu_bytes": worst["usable_per_npu_bytes"],
@@ -405,8 +405,11 @@ def _plan_cluster(name, raw, hosts, result, complete=True):
     result["proxy"] = proxy
 
 
-def port_collisions(specs, address_of):
-    """Violations for containers of two different clusters claiming a port on one host address.
+def port_collisions(specs, address_of, machine_of=None):
+    """Violations for containers of two different clusters claiming a port on one machine.
+
+    ``machine_of`` maps host names to their machine (``pd_machine``, default the address): host
+    networking makes every port the machine's, so two host entries of one machine share them.
 
     Collisions inside one cluster are rules.rule_ports_unique's; this adds the fleet-wide view
     (clusters sharing hosts or addresses, e.g. several clusters on one test machine).
@@ -414,7 +417,7 @@ def port_collisions(specs, address_of):
     seen = {}
     clashes = {}
     for spec in specs:
-        address = address_of[spec["host"]]
+        address = (machine_of or address_of)[spec["host"]]
         for port in spec_ports(spec):
             other = seen.setdefault((address, port), spec)
             if other["cluster"] != spec["cluster"]:
@@ -424,7 +427,7 @@ def port_collisions(specs, address_of):
         shown = ", ".join(map(str, ports[:6])) + (" ..." if len(ports) > 6 else "")
         out.append(_v("error", f"{spec['cluster']}@{spec['host']}", "ports",
                       f"{spec['name']} and {other['name']} (cluster {other['cluster']}) both use port(s) "
-                      f"{shown} on address {address}",
+                      f"{shown} on machine {address}",
                       "give the clusters sharing this address distinct port_base / kv_port / dp_rpc_port / "
                       "proxy.port values"))
     return out
@@ -461,12 +464,13 @@ def plan_fleet(fleet):
     plan = {"clusters": {}, "hosts": {}}
     all_specs = []
     window_claims = []
-    address_of = {}
+    address_of, machine_of = {}, {}
     for name, (raw, hosts) in grouped.items():
         result = plan_cluster(name, raw, hosts, complete=name not in incomplete)
         violations.extend(result["violations"])
         for host in hosts:
             address_of[host["name"]] = host["address"]
+            machine_of[host["name"]] = host.get("machine") or host["address"]
             plan["hosts"][host["name"]] = {
                 "cluster": name, "role": host["role"], "specs": [], "proxy": None,
                 "npus": host["npus"], "ram_reserve_bytes": host["ram_reserve_bytes"],
@@ -491,7 +495,7 @@ def plan_fleet(fleet):
             "instances": proxy_instances(result["specs"], address_of),
             "drain_timeout_s": ((result.get("cluster") or {}).get("proxy") or {}).get("drain_timeout_s", 0),
         }
-    violations.extend(port_collisions(all_specs, address_of))
+    violations.extend(port_collisions(all_specs, address_of, machine_of))
     violations.extend(inventory.machine_violations(
         [h for _, hosts in grouped.values() for h in hosts], all_specs))
     violations.extend(ports.check(window_claims, across_clusters_only=True))

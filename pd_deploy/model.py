@@ -283,11 +283,13 @@ def topology(cluster, hosts):
 
 
 def _hccl_slots(topo):
-    """Number the instances on each host address 0, 1, ..: each gets its own HCCL window."""
+    """Number the instances on each machine 0, 1, ..: each gets its own HCCL window (host networking:
+    the machine's ports, however many host entries or addresses the inventory gives it)."""
     seen = {}
     for inst in topo["instances"]:
         for rank in inst["ranks"]:
-            owners = seen.setdefault(rank["address"], [])
+            host = topo["hosts"].get(rank["host"]) or {}
+            owners = seen.setdefault(str(host.get("machine") or rank["address"]), [])
             if (inst["role"], inst["index"]) not in owners:
                 owners.append((inst["role"], inst["index"]))
             rank["hccl_slot"] = owners.index((inst["role"], inst["index"]))

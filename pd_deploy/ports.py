@@ -90,9 +90,19 @@ def visible_ids(host, devices):
     return [d - first for d in devices]
 
 
-def _claim(address, host, lo, hi, kind, owner, label, field, where):
+def machine_of(topo, host_name, address=None):
+    """The physical machine a host entry is on (``pd_machine``, default its address).
+
+    Engines run with host networking, so every port is a port of the machine, whatever number of
+    host entries (and addresses) the inventory splits it into: ports are judged per machine.
+    """
+    host = (topo.get("hosts") or {}).get(host_name) or {}
+    return str(host.get("machine") or host.get("address") or address)
+
+
+def _claim(address, host, lo, hi, kind, owner, label, field, where, machine=None):
     return {"address": address, "host": host, "lo": lo, "hi": hi, "kind": kind, "owner": owner,
-            "label": label, "field": field, "where": where}
+            "label": label, "field": field, "where": where, "machine": machine or address}
 
 
 def where_label(cluster, role=None, index=None, host=None):
@@ -135,27 +145,28 @@ def claims(cluster, topo, row):
         for rank in inst.get("ranks") or []:
             addr, hname = rank.get("address"), rank.get("host")
             where = where_label(name, role, index, hname)
+            mach = machine_of(topo, hname, addr)
             if is_int(rank.get("port")):
                 out.append(_claim(addr, hname, rank["port"], rank["port"], "http", owner,
-                                  f"{rank.get('container')} http", f"{role}.port_base", where))
+                                  f"{rank.get('container')} http", f"{role}.port_base", where, mach))
             if rank.get("dp_rank") == 0 and is_int(inst.get("dp_rpc_port")):
                 out.append(_claim(addr, hname, inst["dp_rpc_port"], inst["dp_rpc_port"], "dp_rpc", owner,
-                                  f"{role} instance {index} dp rpc", f"{role}.dp_rpc_port", where))
+                                  f"{role} instance {index} dp rpc", f"{role}.dp_rpc_port", where, mach))
             hbase = rank_env_port(cluster, role, "HCCL_IF_BASE_PORT")
             field = f"{role}.env.HCCL_IF_BASE_PORT"
             if hbase is None:
                 hbase, field = hccl_base_port(cluster, rank), "hccl_if_base_port"
             out.append(_claim(addr, hname, hbase, hbase + hccl["if_port_span"] - 1, "hccl", owner,
-                              f"{role} instance {index}", field, where))
+                              f"{role} instance {index}", field, where, mach))
             if not mooncake:
                 continue
             if is_int(inst.get("kv_port")):
                 lo = inst["kv_port"]
                 out.append(_claim(addr, hname, lo, lo + inst["dp"] * inst["tp"] - 1, "kv", owner,
-                                  f"{role} instance {index} kv ports", f"{role}.kv_port", where))
+                                  f"{role} instance {index} kv ports", f"{role}.kv_port", where, mach))
             lo, hi = moon["rpc_port_range"]
             out.append(_claim(addr, hname, lo, hi, "mooncake_rpc", owner, "Mooncake's handshake RPC window",
-                              f"{role}.mooncake", where))
+                              f"{role}.mooncake", where, mach))
             if transport is not None and rank.get("devices"):
                 host = (topo.get("hosts") or {}).get(hname) or {}
                 ids = rank["devices"] if transport["device_id"] == "physical" else \
@@ -168,14 +179,15 @@ def claims(cluster, topo, row):
                 out.append(_claim(addr, hname, base + min(ids) * stride, base + (max(ids) + 1) * stride,
                                   "mooncake_transport", owner,
                                   f"Mooncake {row['mooncake_version']}'s Ascend transport window",
-                                  f"{role}.env.{transport['base_port_env'] or 'ASCEND_BASE_PORT'}", where))
+                                  f"{role}.env.{transport['base_port_env'] or 'ASCEND_BASE_PORT'}", where, mach))
     proxy = cluster.get("proxy") or {}
     host_name = proxy.get("host") or next(
         (n for n, h in (topo.get("hosts") or {}).items() if h.get("role") == "prefill"), None)
     host = (topo.get("hosts") or {}).get(host_name)
     if host is not None and is_int(proxy.get("port")):
         out.append(_claim(host.get("address"), host_name, proxy["port"], proxy["port"], "proxy",
-                          (name, "proxy", None), "proxy", "proxy.port", f"{name}@{host_name}"))
+                          (name, "proxy", None), "proxy", "proxy.port", f"{name}@{host_name}",
+                          machine_of(topo, host_name)))
     unique = []
     for claim in out:
         if claim not in unique:
@@ -210,7 +222,7 @@ def check(items, across_clusters_only=False):
     out = []
     by_addr = {}
     for claim in items:
-        by_addr.setdefault(claim["address"], []).append(claim)
+        by_addr.setdefault(claim.get("machine") or claim["address"], []).append(claim)
     for addr, group in by_addr.items():
         for i, b in enumerate(group):
             if not across_clusters_only:

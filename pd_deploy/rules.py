@@ -455,6 +455,9 @@ def rule_recipe_flags(ctx):
 OFFICIAL_IMAGE = "quay.io/ascend/vllm-ascend"
 A3_NPUS = 16
 A3_SUFFIX = "-a3"
+#: npu-smi's Name column on an Atlas A3 (its dies show "Ascend910", A2's "910B3"; prechecks compare it
+#: with pd_npu_chip): an entry naming this chip is on an A3 machine, whatever NPUs it lists
+A3_CHIPS = ("ascend910",)
 
 
 def _split_image(image):
@@ -465,17 +468,44 @@ def _split_image(image):
     return name, tag
 
 
+def machine_npus(hosts):
+    """{machine: NPUs the machine has at least}, from its host entries however they split it.
+
+    A machine (``pd_machine``, default the host's address) has at least as many NPUs as the highest
+    device number any of its entries uses: two 8-NPU entries at pd_npu_first 0 and 8 are one 16-NPU
+    machine, and so is one 8-NPU entry at pd_npu_first 8. Image variants (the -a3 tag) and every other
+    fact of the hardware follow the machine, never one host entry.
+    """
+    out = {}
+    for host in hosts:
+        npus, first = host.get("npus"), host.get("npu_first") or 0
+        if not (_is_int(npus) and _is_int(first)):
+            continue
+        machine = str(host.get("machine") or host.get("address") or host.get("name"))
+        out[machine] = max(out.get(machine, 0), first + npus)
+    return out
+
+
 def rule_image_tag(ctx):
-    """The official image's tag must be the version row's (plus -a3 on 16-NPU A3 hosts)."""
+    """The official image's tag must be the version row's (plus -a3 on 16-NPU A3 machines).
+
+    vllm-ascend builds two images per release from two Dockerfiles (main: Dockerfile for A2/910B,
+    Dockerfile.a3 for A3), published as <tag> and <tag>-a3: the variant is the machine's SoC, so a
+    16-NPU machine listed as two 8-NPU hosts still runs the -a3 image (``machine_npus``).
+    """
     row, image = ctx["row"], ctx["cluster"].get("image")
     if row is None or not isinstance(image, str):
         return []
     repo, tag = _split_image(image)
     if repo != OFFICIAL_IMAGE:
         return []
-    a3 = any(h.get("npus") == A3_NPUS for h in ctx["topo"]["hosts"].values())
+    hosts = list(ctx["topo"]["hosts"].values())
+    a3 = sorted(set(m for m, n in machine_npus(hosts).items() if n >= A3_NPUS) | {
+        str(h.get("machine") or h.get("address") or h.get("name")) for h in hosts
+        if str(h.get("npu_chip") or "").strip().lower() in A3_CHIPS})
     suffix = A3_SUFFIX if a3 else ""
-    kind = "A3 hosts (16 NPUs) run the -a3 image" if a3 else "A2 hosts run the image without -a3"
+    kind = (f"machine(s) {', '.join(a3)} have {A3_NPUS} NPUs: A3 machines run the -a3 image, however the "
+            "inventory splits them into hosts" if a3 else "A2 machines (8 NPUs) run the image without -a3")
     if row["image_tag"] is None:
         return [_v("warning", ctx["name"], "image",
                    f"vllm-ascend {row['line']} has no published image tag in pd_deploy/data/versions.yml: "
@@ -766,7 +796,8 @@ def rule_unique_engine_id(ctx):
 
 
 def _kv_claims(ctx):
-    """(address, lo, hi, role, index, host) of each Mooncake instance on each address it runs on."""
+    """(machine, lo, hi, role, index, host) of each Mooncake instance on each machine it runs on
+    (host networking: ports are the machine's, however the inventory splits it into hosts)."""
     claims = []
     for inst in _instances(ctx):
         role = inst.get("role")
@@ -777,14 +808,14 @@ def _kv_claims(ctx):
             continue
         hosts = {}
         for rank in inst.get("ranks") or []:
-            hosts.setdefault(rank.get("address"), rank.get("host"))
+            hosts.setdefault(ports.machine_of(ctx["topo"], rank.get("host"), rank.get("address")), rank.get("host"))
         for address, host in hosts.items():
             claims.append((address, port, port + dp * tp, role, inst.get("index"), host))
     return claims
 
 
 def rule_kv_port_ranges(ctx):
-    """kv_port .. kv_port + dp x tp of instances on one host address must not overlap."""
+    """kv_port .. kv_port + dp x tp of instances on one machine must not overlap."""
     out = []
     claims = _kv_claims(ctx)
     for i, (addr, lo, hi, role, index, host) in enumerate(claims):
@@ -862,38 +893,52 @@ def rule_shm_vs_pinned(ctx):
 
 
 def rule_host_ram(ctx):
-    """Host RAM >= cpu_offload of every role on the host + reserve."""
+    """Machine RAM >= cpu_offload of every role on the machine + reserve.
+
+    RAM belongs to the machine (``pd_machine``): a machine split into several host entries pins the
+    offload of all of them in one RAM, so the roles' cpu_offload is summed over its entries.
+    """
     out = []
+    machines = {}
     for name, host in ctx["topo"]["hosts"].items():
-        ram = host.get("ram_bytes")
-        if not _is_int(ram):
+        if not _is_int(host.get("ram_bytes")):
             continue
+        key = ports.machine_of(ctx["topo"], name, host.get("address"))
+        machines.setdefault(key, []).append((name, host))
+    for machine, members in machines.items():
+        ram = min(host["ram_bytes"] for _, host in members)
         reserve = ctx["ram_reserve_bytes"]
         if reserve is None:
-            reserve = host.get("ram_reserve_bytes")
-            reserve = reserve if _is_int(reserve) else DEFAULT_RAM_RESERVE_BYTES
-        roles = sorted({r.get("role") for r in host.get("ranks") or []} & set(ROLES))
-        offload = 0
-        for role in roles:
-            rcfg = ctx["roles"][role]
-            if rcfg.get("offload_connector") != "none" and _is_int(rcfg.get("cpu_offload_bytes")):
-                offload += rcfg["cpu_offload_bytes"]
+            found = [h.get("ram_reserve_bytes") for _, h in members if _is_int(h.get("ram_reserve_bytes"))]
+            reserve = max(found) if found else DEFAULT_RAM_RESERVE_BYTES
+        offload, roles = 0, set()
+        for _, host in members:
+            here = sorted({r.get("role") for r in host.get("ranks") or []} & set(ROLES))
+            roles.update(here)
+            for role in here:
+                rcfg = ctx["roles"][role]
+                if rcfg.get("offload_connector") != "none" and _is_int(rcfg.get("cpu_offload_bytes")):
+                    offload += rcfg["cpu_offload_bytes"]
+        roles = sorted(roles)
+        name = members[0][0]
+        what = "host" if len(members) == 1 else f"machine {machine} ({', '.join(n for n, _ in members)})"
         guidance = capacity.ram_guidance(offload)
         if offload and offload + reserve <= ram < guidance:
             role = roles[0] if len(roles) == 1 else None
             out.append(_v("warning", _where(ctx, role, host=name), "pd_host_ram",
-                          f"host RAM {sizes.to_human(ram)} is below the article's guidance for "
+                          f"{what} RAM {sizes.to_human(ram)} is below the article's guidance for "
                           f"{sizes.to_human(offload)} of CPU offload: {sizes.to_human(guidance)} (offload + 312GiB "
                           "for the system and vLLM, from its 200 GB offload -> >= 512 GB RAM)",
-                          f"use a host with >= {sizes.to_human(guidance)} of RAM, or lower cpu_offload to "
-                          f"{sizes.to_human(max(0, ram - (guidance - offload)))} on this host"))
+                          f"use a machine with >= {sizes.to_human(guidance)} of RAM, or lower cpu_offload to "
+                          f"{sizes.to_human(max(0, ram - (guidance - offload)))} on this {what.split()[0]}"))
         if offload and ram < offload + reserve:
             role = roles[0] if len(roles) == 1 else None
             out.append(_v("error", _where(ctx, role, host=name), f"{role or '/'.join(roles)}.cpu_offload",
-                          f"host RAM {sizes.to_human(ram)} < {sizes.to_human(offload)} pinned offload + "
+                          f"{what} RAM {sizes.to_human(ram)} < {sizes.to_human(offload)} pinned offload + "
                           f"{sizes.to_human(reserve)} reserve for the system and the engines",
-                          f"lower cpu_offload to at most {sizes.to_human(max(0, ram - reserve))} on this host, "
-                          "or use a host with more RAM (the article pairs 200 GB offload with >= 512 GB RAM)"))
+                          f"lower cpu_offload to at most {sizes.to_human(max(0, ram - reserve))} on this "
+                          f"{what.split()[0]}, or use a machine with more RAM (the article pairs 200 GB offload "
+                          "with >= 512 GB RAM)"))
     return out
 
 
@@ -976,28 +1021,32 @@ def rule_topology_fit(ctx):
 
 
 def _single_claims(ctx):
-    """(address, port, label, field, where) of every HTTP, DP RPC and proxy port of the cluster."""
+    """(machine, port, label, field, where) of every HTTP, DP RPC and proxy port of the cluster."""
     claims = []
+    topo = ctx["topo"]
     for inst in _instances(ctx):
         role, index = inst.get("role"), inst.get("index")
         for rank in inst.get("ranks") or []:
-            claims.append((rank.get("address"), rank.get("port"), f"{rank.get('container')} http",
-                           f"{role}.port_base", _where(ctx, role, index, rank.get("host"))))
+            claims.append((ports.machine_of(topo, rank.get("host"), rank.get("address")), rank.get("port"),
+                           f"{rank.get('container')} http", f"{role}.port_base",
+                           _where(ctx, role, index, rank.get("host"))))
         if inst.get("dp_address") is not None:
-            claims.append((inst.get("dp_address"), inst.get("dp_rpc_port"), f"{role} instance {index} dp rpc",
+            first = (inst.get("ranks") or [{}])[0]
+            claims.append((ports.machine_of(topo, first.get("host"), inst.get("dp_address")),
+                           inst.get("dp_rpc_port"), f"{role} instance {index} dp rpc",
                            f"{role}.dp_rpc_port", _where(ctx, role, index)))
     proxy = ctx["cluster"]["proxy"]
     host_name = proxy.get("host") or next(
         (n for n, h in ctx["topo"]["hosts"].items() if h.get("role") == "prefill"), None)
     host = ctx["topo"]["hosts"].get(host_name)
     if host is not None:
-        claims.append((host.get("address"), proxy.get("port"), "proxy", "proxy.port",
+        claims.append((ports.machine_of(ctx["topo"], host_name), proxy.get("port"), "proxy", "proxy.port",
                        f"{ctx['name']}@{host_name}"))
     return claims
 
 
 def rule_ports_unique(ctx):
-    """HTTP, DP RPC and proxy ports are unique per host address and stay out of kv port ranges."""
+    """HTTP, DP RPC and proxy ports are unique per machine and stay out of kv port ranges."""
     out = []
     claims = [c for c in _single_claims(ctx) if _is_int(c[1])]
     for i, (addr, port, label, field, where) in enumerate(claims):

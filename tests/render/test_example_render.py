@@ -282,20 +282,25 @@ def test_capacity_summary_is_an_estimate_from_the_weights_per_npu(rendered):
 
     Weights per NPU: 256 routed experts over EP8 = 32 per NPU, 44 MoE layers (43 + MTP) x 3 x
     4096 x 2048 params x 1 byte (int8) x 32/256; dense ~(291.05e9 - experts) params x 2 bytes / TP4.
-    Reserve: 3GiB + 32768 x 128KiB = 7GiB. KV per NPU = 64GiB x 0.85 - weights - reserve; the
-    article's "512 GB x 0.85 x 0.6 = 261 GB per host" assumed weights that fit in the other 40%.
+    Reserve: 1.01GiB (non-torch + graph memory of vllm-ascend issue 13439's A2 log) + 32768 x 128KiB
+    = 5.01GiB. KV per NPU = (64GiB - the 3.04GiB a 910B does not expose: 60.96GiB, same log) x 0.85 -
+    weights - reserve; the article's "512 GB x 0.85 x 0.6 = 261 GB per host" assumed weights that fit
+    in the other 40%.
     """
     _, build = rendered["example"]
     experts = 44 * 256 * 3 * 4096 * 2048
     weights = -(-experts * 8 * 32 // (8 * 256)) + -(-(291_050_000_000 - experts) * 16 // (8 * 4))
-    reserve = 3 * 1024 ** 3 + 32768 * 128 * 1024
-    per_npu = int(64 * 1024 ** 3 * 0.85) - weights - reserve
+    reserve = round(1.01 * 1024 ** 3) + 32768 * 128 * 1024
+    per_npu = int((64 * 1024 ** 3 - round(3.04 * 1024 ** 3)) * 0.85) - weights - reserve
     text = (build / "render" / "cluster_a" / "capacity.md").read_text()
     rows = {line.split(" | ")[0][2:]: line.split(" | ")[1] for line in text.splitlines() if line.startswith("| ")}
-    assert rows["KV budget per NPU (estimate)"] == f"{per_npu / 1024 ** 3:.2f}GiB"
-    assert rows["KV budget per DP group (TP NPUs)"] == f"{per_npu * 4 / 1024 ** 3:.2f}GiB"
-    assert rows["KV budget per instance (DP groups)"] == f"{per_npu * 8 / 1024 ** 3:.2f}GiB"
-    assert rows["KV budget per host (the role's NPUs on it)"] == f"{per_npu * 8 / 1024 ** 3:.2f}GiB"
+    def gib(row):  # the report writes sizes as to_human does: two decimals, trailing zeros dropped
+        assert row.endswith("GiB"), row
+        return float(row[:-3])
+    assert gib(rows["KV budget per NPU (estimate)"]) == round(per_npu / 1024 ** 3, 2)
+    assert gib(rows["KV budget per DP group (TP NPUs)"]) == round(per_npu * 4 / 1024 ** 3, 2)
+    assert gib(rows["KV budget per instance (DP groups)"]) == round(per_npu * 8 / 1024 ** 3, 2)
+    assert gib(rows["KV budget per host (the role's NPUs on it)"]) == round(per_npu * 8 / 1024 ** 3, 2)
     assert per_npu * 8 < 0.5 * 8 * 64 * 1024 ** 3 * 0.85 * 0.6, "far below the article's 0.6 share"
     # both limits are per DP group: 32768 // 10240 = 3 prompts per group, 6 per DP2 instance
     assert rows["expected P concurrency per DP group / per instance"] == "3 / 6"
@@ -325,3 +330,6 @@ def test_local_inventory_renders_both_roles_on_one_address(rendered):
     ports += [s["ports"]["dp_rpc"] for s in all_specs if s.get("dp_rank") == 0 and "dp_rpc" in s["ports"]]
     assert len(ports) == len(set(ports))
     assert "capacity.md" in files_under(build / "render" / "local")
+    # one 16-NPU machine split into two 8-NPU hosts: an A3, whose image is the -a3 variant (issue 19 #2)
+    assert {s["image"] for s in all_specs if s["role"] in ("prefill", "decode")} == {
+        "quay.io/ascend/vllm-ascend:nightly-main-a3"}

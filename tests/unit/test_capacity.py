@@ -385,6 +385,7 @@ def test_filters_map_pd_names_to_module_functions():
         "pd_weights_per_npu",
         "pd_runtime_reserve",
         "pd_kv_budget_per_npu",
+        "pd_kv_bytes_per_token",
         "pd_role_kv_budget",
         "pd_ram_guidance",
     }
@@ -458,11 +459,16 @@ def test_weights_per_npu_refuses_an_unknown_quantization():
 
 
 def test_kv_budget_article_cluster_is_far_below_the_0_6_share():
-    """The article's P (910B3 64 GB, DP2 x TP4, 0.85, 32768 batched tokens) with w8a8 weights."""
+    """The article's P (910B3 64 GB, DP2 x TP4, 0.85, 32768 batched tokens) with w8a8 weights.
+
+    The device exposes 60.96 of its 64 GiB and vLLM's budget is 0.85 of that; the reserve is the
+    1.01 GiB of non-torch + graph memory of vllm-ascend issue 13439's log + 128 KiB per batched token.
+    """
     b = capacity.role_kv_budget(FAMILY, "w8a8", "64GiB", 0.85, tp=4, dp=2, max_num_batched_tokens=32768)
     weights = EXPERT_PARAMS // 8 + -(-DENSE_PARAMS * 2 // 4)
-    reserve = 3 * GiB + 32768 * 128 * 1024
-    per_npu = int(Fraction(64 * GiB) * Fraction(85, 100)) - weights - reserve
+    reserve = round(1.01 * GiB) + 32768 * 128 * 1024
+    exposed = 64 * GiB - round(3.04 * GiB)
+    per_npu = int(exposed * 0.85) - weights - reserve
     assert b["fits"] is True and b["estimate"] is True
     assert b["kv_per_npu_bytes"] == per_npu
     assert b["kv_per_dp_group_bytes"] == per_npu * 4
@@ -513,3 +519,63 @@ def test_ram_guidance_reproduces_the_article_and_generalises_additively():
     assert capacity.ram_guidance("200GiB") == 512 * GiB       # article: 200 GB offload -> >= 512 GB
     assert capacity.ram_guidance("100GiB") == 412 * GiB       # offload + 312 GiB of system + vLLM base
     assert capacity.ram_guidance(0) == 0
+
+
+# --- KV bytes per token from the Ascend cache layout; the A2 start-up log of issue 13439 (issue 19 #3) --
+
+def test_kv_bytes_per_token_derived_from_the_ascend_layout():
+    """Worked by hand from vllm-ascend main's layout (models.yml kv_cache_layout sources): ratio-4 layers
+    keep a bf16 512-wide attention entry (1024 B) + an int8 128-wide indexer entry with one fp16 scale
+    (130 B) per 4 tokens, ratio-128 layers a 1024 B entry per 128 tokens; 21 and 20 such layers."""
+    for family in ("a2", "a3"):
+        got = capacity.kv_bytes_per_token(FAMILY["kv_cache_layout"], family)
+        assert got["attention_entry_bytes"] == 512 * 2
+        assert got["indexer_entry_bytes"] == 128 * 1 + 1 * 2
+        assert got["by_ratio"] == {0: 0, 4: 21 * 1154 / 4, 128: 20 * 1024 / 128}
+        assert got["bytes_per_token"] == 6218.5
+    # the planning estimate is that derivation, rounded up, and lies inside the judging band
+    assert FAMILY["estimate"]["marginal_bytes_per_token"] == 6219
+    band = FAMILY["bytes_per_token"]
+    assert band["min"] <= 6218.5 <= band["max"]
+    # the CUDA fp8 figure the estimate used before is ~1.9x smaller: it overstated tokens that much
+    assert 1.85 < 6218.5 / 3300 < 1.9
+
+
+def test_kv_bytes_per_token_refuses_an_unknown_device_family():
+    with pytest.raises(PdError) as info:
+        capacity.kv_bytes_per_token(FAMILY["kv_cache_layout"], "h100")
+    assert info.value.field == "device_family" and "a2" in info.value.problem
+
+
+def _startup_fixture():
+    import os
+    import yaml
+    path = os.path.join(os.path.dirname(__file__), "..", "fixtures", "upstream", "startup-logs",
+                        "issue-13439-a2.yml")
+    with open(path, encoding="utf-8") as handle:
+        return yaml.safe_load(handle)
+
+
+def test_capacity_model_reproduces_the_published_a2_startup():
+    """vllm-ascend issue 13439 (A2 910B2 64 GB, w8a8 + MTP, DP8 x TP1 with EP8, utilization 0.9).
+
+    Tolerances: requested budget within 0.01 GiB (the log's rounding); weights within 1% of 47.4 GiB;
+    fixed reserve = non-torch + graphs within 0.01 GiB; and the KV per NPU between the engine's two
+    figures, 6.1 GiB (what fits inside the requested memory once graphs are captured) and 7.03 GiB
+    (what it allocated before capturing them), for any batch from 1 to 2048 tokens (activation 0 to
+    0.25 GiB, bracketing the log's 0.21 GiB peak, whose batch the log does not give).
+    """
+    fx = _startup_fixture()
+    mem, dep = fx["memory_gib"], fx["deployment"]
+    assert fx["source"]["issue"] == 13439 and fx["source"]["url"].endswith("/13439")
+    hbm = f"{fx['hardware']['hbm_nominal_mb']}MiB"
+    for tokens in (1, 256, 2048):
+        b = capacity.role_kv_budget(FAMILY, "w8a8", hbm, dep["gpu_memory_utilization"], tp=dep["tp"],
+                                    dp=dep["dp"], max_num_batched_tokens=tokens,
+                                    expert_parallel=dep["expert_parallel"])
+        assert abs(b["exposed_per_npu_bytes"] / GiB - mem["device_total"]) < 0.01
+        assert abs(b["usable_per_npu_bytes"] / GiB - mem["requested"]) < 0.01
+        assert abs(b["weights"]["total_bytes"] / GiB - mem["weights"]) / mem["weights"] < 0.01
+        assert abs(b["reserve"]["fixed_bytes"] / GiB - (mem["non_torch"] + mem["graphs"])) < 0.01
+        kv = b["kv_per_npu_bytes"] / GiB
+        assert mem["kv_cache_to_fit_requested"] <= kv <= mem["kv_cache"], (tokens, kv)

@@ -37,20 +37,21 @@ def test_every_family_has_an_estimate_inside_its_band(family):
     assert est["source"].strip()
 
 
-def test_v4_flash_band_is_in_bytes_not_the_articles_6_to_8():
-    """The article's "6~8 bytes/token" disagrees with its own 100K tokens ~ 300 MB (DOMAIN.md §5)."""
+def test_v4_flash_band_is_centred_on_the_ascend_layout_not_cuda_fp8():
+    """The band holds the marginal cost derived from vllm-ascend's A2/A3 cache layout (6,218.5 B/token);
+    the CUDA fp8 public fit (~3,300 B) and the article's "100K tokens ~ 300 MB" (~3,146 B) are below it
+    (another cache dtype), and the article's "6~8 bytes/token" is far below (KiB read as bytes)."""
     band = DATA["deepseek_v4_flash"]["bytes_per_token"]
-    article_100k = 300 * 1024 ** 2 / 100_000          # ~3,146 B/token, the article's own Ascend figure
-    public_fit_marginal = 3300                        # ~3,300 B + 3.2e9 / max_model_len
-    for value in (article_100k, public_fit_marginal):
-        assert band["min"] <= value <= band["max"]
+    assert band["min"] <= 6218.5 <= band["max"]
+    for other in (300 * 1024 ** 2 / 100_000, 3300):
+        assert judge_bytes_per_token(other, band)["verdict"] == "low"
     assert band["min"] > 8, "6~8 bytes/token would put every real engine far_high"
 
 
 def test_v4_flash_band_separates_a_disabled_hybrid_manager():
-    """Ten times the public marginal rate (KV compression lost) must be judged far_high."""
+    """Ten times the derived marginal rate (KV compression lost) must be judged far_high."""
     band = DATA["deepseek_v4_flash"]["bytes_per_token"]
-    assert judge_bytes_per_token(10 * 3300, band)["verdict"] in ("high", "far_high")
+    assert judge_bytes_per_token(10 * 6218.5, band)["verdict"] == "far_high"
     assert judge_bytes_per_token(10 * band["max"], band)["verdict"] == "far_high"
     assert FAR_HIGH_FACTOR * band["max"] <= 10 * band["max"]
 

@@ -416,6 +416,23 @@ def test_kv_port_ranges_must_not_overlap_on_one_address():
     assert hits(check(with_role("decode", kv_port=30000)), "decode.kv_port") == []
 
 
+def test_ports_are_the_machines_whatever_addresses_its_hosts_have():
+    """Two host entries of one machine (pd_machine) with two addresses share one port space: host
+    networking binds every rank on the machine (issue 19 #2: per-machine rules)."""
+    hosts = [make_host("m-p0", "prefill", "10.0.0.1", machine="m1"),
+             make_host("m-d0", "decode", "10.0.0.2", npu_first=8, machine="m1")]
+    found = hits(check(with_role("decode", kv_port=30004), hosts=hosts), "decode.kv_port", "error")
+    assert found and "on m1" in found[0]["message"]
+    found = hits(check(with_role("decode", port_base=8101, kv_port=30100), hosts=hosts), "decode.port_base", "error")
+    assert found and "also used by pd-cluster_a-prefill0-dp1" in found[0]["message"]
+    # each instance of the machine gets its own HCCL window
+    topo = make_topo(make_cluster(), hosts)
+    assert sorted({r["hccl_slot"] for r in topo["hosts"]["m-d0"]["ranks"]}) == [1]
+    # two machines may reuse the same ports
+    apart = [dict(h, machine=f"m{i}") for i, h in enumerate(hosts)]
+    assert hits(check(with_role("decode", kv_port=30004), hosts=apart), "decode.kv_port") == []
+
+
 def test_kv_port_ranges_between_instances_of_a_role():
     cluster = with_role("prefill", instances=2, dp=1)  # two DP1 x TP4 instances on one host
     topo = make_topo(cluster, make_hosts())
@@ -734,6 +751,48 @@ def test_image_tag_matches_the_version_row(image, npus, level):
         assert vs[0]["fix"].startswith("set image: quay.io/ascend/vllm-ascend:v0.25.1rc1")
 
 
+def split_machine_hosts(address="10.0.0.1", ram=1024 * GIB):
+    """One 16-NPU machine listed as two 8-NPU hosts (as inventories/local does): P on 0-7, D on 8-15."""
+    return [make_host("m-p0", "prefill", address, npus=8, machine="m1", ram=ram),
+            make_host("m-d0", "decode", address, npus=8, npu_first=8, machine="m1", ram=ram)]
+
+
+@pytest.mark.parametrize("image, level", [
+    ("quay.io/ascend/vllm-ascend:v0.25.1rc1-a3", None),    # the machine has 16 NPUs: A3 image
+    ("quay.io/ascend/vllm-ascend:v0.25.1rc1", "error"),    # the A2 image is built for another SoC
+])
+def test_image_variant_follows_the_machine_not_the_host(image, level):
+    """Two 8-NPU host entries of one 16-NPU machine (pd_npu_first 0 and 8) run the -a3 image
+    (vllm-ascend main: Dockerfile builds for ascend910b1, Dockerfile.a3 for ascend910_9391)."""
+    cluster = make_cluster("0.25.1rc1")
+    cluster["image"] = image
+    vs = hits(check(cluster, hosts=split_machine_hosts()), "image")
+    assert [v["level"] for v in vs] == ([level] if level else [])
+    if level:
+        assert vs[0]["fix"] == ("set image: quay.io/ascend/vllm-ascend:v0.25.1rc1-a3, or vllm_ascend_version "
+                                "to the line of the tag you run")
+        assert "m1" in vs[0]["message"]
+
+
+def test_an_a3_chip_name_makes_the_machine_a3_even_when_the_cluster_sees_eight_npus():
+    """A cluster holding only NPUs 0-7 of an A3 still runs the -a3 image when pd_npu_chip says Ascend910
+    (npu-smi's Name on A3 dies; the prechecks compare pd_npu_chip with it)."""
+    cluster = make_cluster("0.25.1rc1")
+    hosts = [make_host("a-p0", "prefill", "10.0.0.1", npu_chip="Ascend910"),
+             make_host("a-d0", "decode", "10.0.0.2", npu_chip="Ascend910")]
+    found = hits(check(cluster, hosts=hosts), "image")
+    assert [v["level"] for v in found] == ["error"] and "v0.25.1rc1-a3" in found[0]["fix"]
+    cluster["image"] = "quay.io/ascend/vllm-ascend:v0.25.1rc1-a3"
+    assert hits(check(cluster, hosts=hosts), "image") == []
+
+
+def test_machine_npus_counts_the_machine_whatever_its_split():
+    hosts = split_machine_hosts() + [make_host("x", "decode", "10.0.0.9")]
+    assert rules.machine_npus(hosts) == {"m1": 16, "10.0.0.9": 8}
+    # one entry on the upper half alone still proves a 16-NPU machine
+    assert rules.machine_npus([make_host("y", "decode", "10.0.0.3", npu_first=8)]) == {"10.0.0.3": 16}
+
+
 def test_main_images_are_nightly_main():
     assert hits(check(make_cluster("main")), "image") == []
     cluster = make_cluster("main")
@@ -765,7 +824,9 @@ def test_weights_that_do_not_fit_are_an_error_naming_role_host_and_fix():
     # prefill bf16 EP8 (70.9 GB of experts per NPU) and decode bf16 EP8 both fail on 64 GB
     assert [v["where"] for v in found] == ["cluster_a/prefill@a-p0", "cluster_a/decode@a-d0"]
     assert "bf16 weights need" in found[0]["message"] and "cannot start" in found[0]["message"]
-    assert "w8a8 fits" in found[0]["fix"]
+    # w8a8 at EP8 x TP1 no longer fits P's 32768 batched tokens at 0.85: 60.96 GiB exposed x 0.85 =
+    # 51.8 GiB < 47.1 GiB weights + 1.01 GiB reserve + 4 GiB activation; w4a8 (30.6 GiB) does
+    assert "model.quantization: w4a8 fits" in found[0]["fix"]
 
 
 def test_weights_that_fit_give_no_violation():
@@ -788,3 +849,17 @@ def test_ram_below_the_articles_guidance_is_a_warning():
     assert [(v["level"], v["where"]) for v in found] == [("warning", "cluster_a/prefill@a-p0")]
     assert "512GiB" in found[0]["message"]
     assert hits(check(hosts=make_hosts(p_ram=512 * GIB, d_ram=512 * GIB)), "pd_host_ram") == []
+
+
+def test_ram_is_the_machines_when_it_is_split_into_hosts():
+    """P and D entries of one 512 GiB machine pin 200 GiB each: 400 GiB + 64 GiB reserve fits, but the
+    article's guidance for 400 GiB of offload is 712 GiB: a warning naming the machine. Two 512 GiB
+    machines with 200 GiB each are fine."""
+    hosts = split_machine_hosts(ram=512 * GIB)
+    found = hits(check(hosts=hosts), "pd_host_ram")
+    assert [v["level"] for v in found] == ["warning"]
+    assert "machine m1 (m-p0, m-d0) RAM 512GiB" in found[0]["message"] and "400GiB" in found[0]["message"]
+    apart = [dict(h, machine=f"m{i}") for i, h in enumerate(hosts)]
+    assert hits(check(hosts=apart), "pd_host_ram") == []
+    small = split_machine_hosts(ram=440 * GIB)     # 400 + 64 reserve > 440: the pinned offload cannot fit
+    assert [v["level"] for v in check(hosts=small) if v["field"] == "decode/prefill.cpu_offload"] == ["error"]
