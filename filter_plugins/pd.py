@@ -5,8 +5,11 @@ maps filter names to those functions, plus one adapter that turns Ansible's lazy
 the plain dicts the core expects.
 """
 
+import functools
 import os
 import sys
+
+import yaml
 
 # pd_deploy is imported from the checkout this plugin belongs to (kolla-ansible installs its
 # filters' package with pip; here the repository is the package, so no install step is needed).
@@ -46,9 +49,37 @@ def _origin(hostvars, name, key):
         tag = Origin.get_tag(value) or Origin.get_tag(raw)
         vaulted = any(VaultHelper.get_ciphertext(v, with_tags=False) is not None for v in (raw, value))
         template = isinstance(raw, str) and ("{{" in raw or "{%" in raw)
-        return {"file": getattr(tag, "path", None), "vaulted": vaulted, "template": template}
+        path = getattr(tag, "path", None) or _vars_file(hostvars, name, key)
+        return {"file": path, "vaulted": vaulted, "template": template}
     except Exception:  # noqa: BLE001 -- private API of ansible-core; without it no provenance warning
         return None
+
+
+@functools.lru_cache(maxsize=256)
+def _top_keys(path):
+    """Top-level keys of a YAML vars file (empty when it cannot be read): where an untagged value is."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            data = yaml.safe_load(handle)
+    except Exception:  # noqa: BLE001 -- a vault file or a broken one: the loader reports it elsewhere
+        return frozenset()
+    return frozenset(data) if isinstance(data, dict) else frozenset()
+
+
+def _vars_file(hostvars, name, key):
+    """The group_vars / host_vars file that sets ``key`` for host ``name``: a bool or a number carries
+    no origin tag in ansible-core 2.19, so the inventory's own files are looked up (host first)."""
+    try:
+        hv = hostvars[name]
+        base = hv.get("inventory_dir")
+        groups = list(reversed(hv.get("group_names") or [])) + ["all"]
+    except Exception:  # noqa: BLE001
+        return None
+    if not base:
+        return None
+    candidates = [os.path.join(base, "host_vars", name + ext) for ext in (".yml", ".yaml")]
+    candidates += [os.path.join(base, "group_vars", g + ext) for g in groups for ext in (".yml", ".yaml")]
+    return next((c for c in candidates if key in _top_keys(c)), None)
 
 
 def _load_error(exc):
