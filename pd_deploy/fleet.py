@@ -163,7 +163,8 @@ def _group_hosts(fleet, violations):
         if problem:
             violations.append(problem)
             continue
-        unsafe = text.string_violations({k: hv[k] for k in HOST_VARS + ("ansible_host",) if k in hv}, host["name"], "")
+        unsafe = text.string_violations({k: hv[k] for k in HOST_VARS + inventory.HOST_PATH_VARS + ("ansible_host",)
+                                         if k in hv}, host["name"], "")
         if unsafe:
             violations.extend(unsafe)
             continue

@@ -74,6 +74,13 @@ def _json_paths(value, prefix=""):
             yield from _json_paths(item, prefix + "[]")
 
 
+def _at(mapping, keys):
+    """The value at a key path of nested dicts, or None."""
+    for key in keys:
+        mapping = mapping.get(key) if isinstance(mapping, dict) else None
+    return mapping
+
+
 def owned_violations(cluster):
     """extra_args, env and additional_config entries that set a key pd-deploy renders, with its owner.
 
@@ -110,15 +117,19 @@ def owned_violations(cluster):
                               f"{var} is set by pd-deploy for every rank (from {key}); an env entry would "
                               "silently replace it",
                               f"remove {role}.env.{var} and set {key} instead"))
-        extra = rcfg["engine"].get("additional_config")
-        owned = json_keys["--additional-config"]
-        for path in _json_paths(extra if isinstance(extra, dict) else {}):
-            if path in owned:
-                key = owner(owned[path])
-                out.append(_v("error", where, f"{role}.engine.additional_config.{text.shown(path)}",
-                              f"sets {path} of --additional-config, which pd-deploy renders from {key} (the "
-                              "placement rules check that key only)",
-                              f"remove it from {role}.engine.additional_config and set {key} instead"))
+        for row in table["pass_through"]["json"]:
+            field = row["key"].replace("pd_cluster.<role>.", f"{role}.")
+            given = _at(rcfg, field.split(".")[1:])
+            owned = json_keys[row["flag"]]
+            for path in _json_paths(given if isinstance(given, dict) else {}):
+                full = f"{row['at']}.{path}" if row.get("at") else path
+                if full not in owned:
+                    continue
+                key = owner(owned[full])
+                out.append(_v("error", where, f"{field}.{text.shown(path)}",
+                              f"sets {full} of {row['flag']}, which pd-deploy renders from {key} (the rules "
+                              "check that key only)",
+                              f"remove it from {field} and set {key} instead"))
     return out
 
 

@@ -160,3 +160,10 @@ def test_a_clear_text_api_key_is_a_warning_naming_the_file():
     found = warnings(plan, "pd_api_key")
     assert plan["ok"] and len(found) == 1, plan["messages"]
     assert "in clear in /inv/group_vars/cluster_a.yml" in found[0]["message"] and "ansible-vault" in found[0]["fix"]
+
+
+def test_a_control_character_in_a_host_path_is_refused():
+    f = example_fleet()
+    host_vars(f, "a-p0")["pd_deploy_lock_dir"] = "/var/lib/pd\n"
+    found = errors(fleet.plan_fleet(f), "pd_deploy_lock_dir")
+    assert found and "line break" in found[0]["message"]

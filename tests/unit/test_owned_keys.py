@@ -231,3 +231,14 @@ def test_the_old_scattered_tables_are_gone():
     # one table: the guards read owned_keys.yml and keep no flag/env list of their own
     assert not hasattr(guards, "FLAG_KEYS") and not hasattr(guards, "ENV_KEYS")
     assert not hasattr(guards, "spec_violations")
+
+
+def test_a_new_pass_through_dict_is_one_row_of_the_table(monkeypatch):
+    # e.g. a knob for the Mooncake child's extra config: one pass_through row, no code change
+    table = guards.owned_keys()
+    table["pass_through"]["json"].append({"flag": "--kv-transfer-config", "key": "pd_cluster.<role>.engine.additional_config",
+                                          "at": "kv_connector_extra_config"})
+    monkeypatch.setattr(guards, "owned_keys", lambda: copy.deepcopy(table))
+    plan = with_a(lambda a: a["decode"].setdefault("engine", {}).update(additional_config={"prefill": {"tp_size": 8}}))
+    found = errors(plan, "decode.engine.additional_config.prefill.tp_size")
+    assert found and "set pd_cluster.prefill.tp instead" in found[0]["fix"], plan["messages"]
