@@ -5,8 +5,11 @@ maps filter names to those functions, plus one adapter that turns Ansible's lazy
 the plain dicts the core expects.
 """
 
+import functools
 import os
 import sys
+
+import yaml
 
 # pd_deploy is imported from the checkout this plugin belongs to (kolla-ansible installs its
 # filters' package with pip; here the repository is the package, so no install step is needed).
@@ -18,8 +21,9 @@ from pd_deploy import (  # noqa: E402
     capacity, compat, connectors, containers, failures, fleet, logparse, netchecks, ops, prechecks, report, rules,
     secrets, sizes, versions)
 from pd_deploy.fleet import HOST_VARS  # noqa: E402
+from pd_deploy.inventory import HOST_PATH_VARS  # noqa: E402
 
-_READ = ("pd_cluster", "ansible_host", "pd_allow_idle_hosts") + HOST_VARS
+_READ = ("pd_cluster", "ansible_host", "pd_allow_idle_hosts") + HOST_VARS + HOST_PATH_VARS
 
 
 def _run_facts(hostvars, name):
@@ -29,6 +33,53 @@ def _run_facts(hostvars, name):
         return set(manager._nonpersistent_fact_cache.get(name, {})) | set(manager._fact_cache.get(name, {}))
     except Exception:  # noqa: BLE001 -- private API of ansible-core; without it every key is checked
         return set()
+
+
+def _origin(hostvars, name, key):
+    """Where an inventory value comes from: None when given with -e (or unknown), else
+    {"file": path or None, "vaulted": bool, "template": bool} (ansible-core 2.19 data tags)."""
+    manager = getattr(hostvars, "_variable_manager", None)
+    try:
+        if key in (manager.extra_vars or {}):
+            return None
+        raw = hostvars.raw_get(name).get(key)
+        value = hostvars[name][key]
+        from ansible._internal._datatag._tags import Origin  # 2.19's source tags
+        from ansible.parsing.vault import VaultHelper
+        tag = Origin.get_tag(value) or Origin.get_tag(raw)
+        vaulted = any(VaultHelper.get_ciphertext(v, with_tags=False) is not None for v in (raw, value))
+        template = isinstance(raw, str) and ("{{" in raw or "{%" in raw)
+        path = getattr(tag, "path", None) or _vars_file(hostvars, name, key)
+        return {"file": path, "vaulted": vaulted, "template": template}
+    except Exception:  # noqa: BLE001 -- private API of ansible-core; without it no provenance warning
+        return None
+
+
+@functools.lru_cache(maxsize=256)
+def _top_keys(path):
+    """Top-level keys of a YAML vars file (empty when it cannot be read): where an untagged value is."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            data = yaml.safe_load(handle)
+    except Exception:  # noqa: BLE001 -- a vault file or a broken one: the loader reports it elsewhere
+        return frozenset()
+    return frozenset(data) if isinstance(data, dict) else frozenset()
+
+
+def _vars_file(hostvars, name, key):
+    """The group_vars / host_vars file that sets ``key`` for host ``name``: a bool or a number carries
+    no origin tag in ansible-core 2.19, so the inventory's own files are looked up (host first)."""
+    try:
+        hv = hostvars[name]
+        base = hv.get("inventory_dir")
+        groups = list(reversed(hv.get("group_names") or [])) + ["all"]
+    except Exception:  # noqa: BLE001
+        return None
+    if not base:
+        return None
+    candidates = [os.path.join(base, "host_vars", name + ext) for ext in (".yml", ".yaml")]
+    candidates += [os.path.join(base, "group_vars", g + ext) for g in groups for ext in (".yml", ".yaml")]
+    return next((c for c in candidates if key in _top_keys(c)), None)
 
 
 def _load_error(exc):
@@ -53,6 +104,13 @@ def fleet_input(hostvars, host_names, limit=None):
             data = {key: hv[key] for key in _READ if key in hv}
             if "pd_api_key" in hv:  # only its redaction enters the fleet description, never the key
                 data["pd_api_key"] = secrets.host_key_fact(hv["pd_api_key"])
+                origin = _origin(hostvars, name, "pd_api_key")
+                if origin and not origin["vaulted"] and not origin["template"] and data["pd_api_key"]:
+                    data["pd_api_key"] = dict(data["pd_api_key"], clear_in=origin["file"] or "the inventory")
+            if hv.get("pd_deploy_break_lock") not in (None, False, "false", "False", "no", ""):
+                origin = _origin(hostvars, name, "pd_deploy_break_lock")
+                if origin:  # kept in the inventory, not given with -e for one run
+                    data["pd_deploy_break_lock"] = {"kept_in": origin["file"] or "the inventory"}
             groups = list(hv.get("group_names", []))
         except Exception as exc:  # noqa: BLE001 -- AnsibleError of a YAML file, reported as a violation
             hosts.append({"name": name, "groups": [], "vars": {}, "keys": [], "error": _load_error(exc)})

@@ -11,7 +11,8 @@ import math
 import jsonschema
 import jsonschema.validators
 
-from pd_deploy import capacity, datafiles, guards, inventory, limits, model, ports, rules, secrets, sizes, versions
+from pd_deploy import (capacity, datafiles, guards, inventory, limits, model, ports, rules, secrets, sizes, text,
+                       versions)
 from pd_deploy.containers import (containers_to_start, host_specs, moved_image_warnings, moved_images, orphans,
                                   spec_ports, spec_state, start_reason, wiring_differs)
 from pd_deploy.errors import PdError
@@ -188,6 +189,13 @@ def _group_hosts(fleet, violations, incomplete):
     claimed = {}
     for host in fleet["hosts"]:
         hv = host.get("vars") or {}
+        if text.unsafe(host["name"]):
+            violations.append(_v("error", host["name"], "inventory host name",
+                                 f"{text.shown(host['name'])} holds {text.shown(''.join(text.unsafe(host['name'])))}, "
+                                 "an invisible or control character: it prints like another name and its "
+                                 "host_vars file is not the one it seems",
+                                 "retype the host name in hosts.yml (and its host_vars file name)"))
+            continue
         if host.get("error"):
             violations.append(_v("error", host["name"], "variables", host["error"],
                                  "fix the file named above (YAML indentation, quoting) and run again"))
@@ -215,6 +223,12 @@ def _group_hosts(fleet, violations, incomplete):
         if problem:
             violations.append(problem)
             continue
+        unsafe = text.string_violations({k: hv[k] for k in HOST_VARS + inventory.HOST_PATH_VARS + ("ansible_host",)
+                                         if k in hv}, host["name"], "")
+        if unsafe:
+            violations.extend(unsafe)
+            continue
+        violations.extend(inventory.path_violations(host["name"], hv))  # the plan itself does not need them
         facts = inventory.fact_violations(host["name"], hv)
         host_shape = shape_violations({k: hv[k] for k in HOST_VARS if hv.get(k) is not None},
                                       "host.schema.json", host["name"])
@@ -231,6 +245,7 @@ def _group_hosts(fleet, violations, incomplete):
         record["allow_idle"] = hv.get("pd_allow_idle_hosts") is True
         record["api_key"] = secrets.host_key_fact(hv.get("pd_api_key"))  # a redaction, never the key
         clusters.setdefault(name, (raw, []))[1].append(record)
+    violations.extend(break_lock_warnings(fleet["hosts"]))
     # a cluster group must hold only its own hosts: a name shared with another group merges clusters
     for host in fleet["hosts"]:
         for group in host["groups"]:
@@ -240,6 +255,20 @@ def _group_hosts(fleet, violations, incomplete):
                                      f"{claimed[host['name']]!r}: two clusters would share hosts",
                                      f"give cluster {group!r} its own group, holding only its hosts"))
     return clusters
+
+
+def break_lock_warnings(hosts):
+    """pd_deploy_break_lock kept in the inventory (filter_plugins/pd.py marks where), once per file."""
+    kept = {}
+    for host in hosts:
+        mark = (host.get("vars") or {}).get("pd_deploy_break_lock")
+        if isinstance(mark, dict):
+            kept.setdefault(mark.get("kept_in") or "the inventory", []).append(host["name"])
+    return [_v("warning", "inventory", "pd_deploy_break_lock",
+               f"is true in {origin} (hosts {', '.join(names[:4])}{' ...' if len(names) > 4 else ''}): every "
+               "deploy breaks the cluster's deploy lock, so two runs at once are no longer refused",
+               "remove it from the inventory and give -e pd_deploy_break_lock=true to the one run that must break "
+               "a stale lock") for origin, names in kept.items()]
 
 
 def _kv_figures(cluster, role, hosts, topo):
@@ -363,6 +392,7 @@ def plan_cluster(name, raw, hosts, complete=True):
 
 def _plan_cluster(name, raw, hosts, result, complete=True):
     violations = result["violations"]
+    violations.extend(text.string_violations(raw, name, ""))
     violations.extend(shape_violations(raw, "cluster.schema.json", name))
     if violations:
         return
@@ -395,7 +425,6 @@ def _plan_cluster(name, raw, hosts, result, complete=True):
         violations.extend(found)
         return
     violations.extend(rules.check_cluster(cluster, topo, specs))
-    violations.extend(guards.spec_violations(cluster, topo, specs))
     proxy = model.proxy_spec(cluster, topo)
     for spec in specs + [proxy]:  # README "Secrets": the key as a redaction, the real value at docker run
         secrets.protect(spec, key_redaction, model.spec_hash)

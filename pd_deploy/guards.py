@@ -2,17 +2,16 @@
 
 - ``cluster_violations(cluster)``: one normalized cluster: the image reference, paths mounted into
   containers, environment variable names, and the engine settings vLLM itself refuses at start.
-- ``spec_violations(cluster, topo, specs)``: ``extra_args`` and ``env`` must not repeat a flag or a
-  variable the renderer sets (a second ``--port``, a second ``--kv-transfer-config``,
-  ``ASCEND_RT_VISIBLE_DEVICES``, ``HCCL_IF_IP``): the set is read from a launch spec rendered without
-  them, so a flag the renderer learns later is covered without a change here.
+- ``owned_violations(cluster)`` (part of the above): ``extra_args``, ``env`` and ``additional_config``
+  must not set a flag, a variable or a JSON key the renderer sets (a second ``--port``,
+  ``--tokenizer-mode``, ``ASCEND_RT_VISIBLE_DEVICES``, ``recompute_scheduler_enable``): the one table
+  pd_deploy/data/owned_keys.yml names each rendered key's owner, which the message names.
 """
 
-import copy
 import ipaddress
 import re
 
-from pd_deploy import model
+from pd_deploy import datafiles, model, text
 
 # Docker image reference (distribution/reference grammar: [registry[:port]/]path[:tag][@digest];
 # path components lowercase; tag up to 128 word characters, dots and dashes).
@@ -28,23 +27,13 @@ ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 SHORT_FLAGS = {"-tp": "--tensor-parallel-size", "-dp": "--data-parallel-size", "-dpn": "--data-parallel-rank",
                "-dpa": "--data-parallel-address", "-dpp": "--data-parallel-rpc-port",
                "-pp": "--pipeline-parallel-size", "-ep": "--enable-expert-parallel"}
-#: Which pd_cluster key (or host fact) renders a flag; flags not listed map to <role>.engine.<name>.
-FLAG_KEYS = {
-    "--host": "bind_host", "--port": "{role}.port_base", "--served-model-name": "model.served_name",
-    "--data-parallel-size": "{role}.dp", "--data-parallel-rank": "{role}.dp (ranks are placed by the renderer)",
-    "--data-parallel-address": "the hosts of {role} (placed by the renderer)",
-    "--data-parallel-rpc-port": "{role}.dp_rpc_port", "--tensor-parallel-size": "{role}.tp",
-    "--kv-transfer-config": "{role}.offload_connector / cpu_offload / mooncake / kv_port",
-    "--additional-config": "{role}.recompute_scheduler",
-    "--speculative-config": "{role}.engine.num_speculative_tokens",
-}
-#: Which key renders an environment variable the renderer owns.
-ENV_KEYS = {
-    "ASCEND_RT_VISIBLE_DEVICES": "pd_npus / pd_npu_first and {role}.tp (the device layout)",
-    "HCCL_IF_IP": "pd_host_address (or ansible_host)",
-    "GLOO_SOCKET_IFNAME": "pd_hccl_if", "TP_SOCKET_IFNAME": "pd_hccl_if", "HCCL_SOCKET_IFNAME": "pd_hccl_if",
-    "VLLM_PREFIX_CACHE_RETENTION_INTERVAL": "{role}.engine.prefix_cache_retention_interval",
-}
+#: vLLM's other short option of a JSON flag (vllm vllm/engine/arg_utils.py: "--compilation-config", "-cc")
+SHORT_FLAGS["-cc"] = "--compilation-config"
+
+
+def owned_keys():
+    """pd_deploy/data/owned_keys.yml: every rendered flag, env variable and JSON key with its owner."""
+    return datafiles.yaml_data("owned_keys.yml")
 
 
 def _v(level, where, field, message, fix):
@@ -53,13 +42,95 @@ def _v(level, where, field, message, fix):
 
 def _flag_name(arg):
     """The long flag an argv item sets, normalized as vLLM reads it, or None for a value."""
+    return _flag_and_path(arg)[0]
+
+
+def _flag_and_path(arg):
+    """(long flag, dotted JSON path or None) of an argv item; (None, None) for a value.
+
+    vLLM reads ``--json-arg.key1.key2 value`` as ``--json-arg '{"key1": {"key2": value}}'`` and
+    ``--json-arg.key+ v`` as an item appended to a list (vllm-project/vllm docs/cli/json_tip.inc.md).
+    """
     if not isinstance(arg, str) or not arg.startswith("-") or arg in ("-", "--"):
-        return None
+        return None, None
     name = arg.split("=", 1)[0]
+    name, _, path = name.partition(".")
+    path = path.rstrip("+") or None
     if not name.startswith("--"):
-        return SHORT_FLAGS.get(name, name)
+        return SHORT_FLAGS.get(name, name), path
     name = "--" + name[2:].replace("_", "-")
-    return "--" + name[5:] if name.startswith("--no-") else name
+    return ("--" + name[5:] if name.startswith("--no-") else name), path
+
+
+def _json_paths(value, prefix=""):
+    """Dotted paths of every leaf of a JSON-like value (list items as ``[]``), parents first."""
+    if isinstance(value, dict):
+        for key, item in value.items():
+            path = f"{prefix}.{key}" if prefix else str(key)
+            yield path
+            yield from _json_paths(item, path)
+    elif isinstance(value, list):
+        for item in value:
+            yield from _json_paths(item, prefix + "[]")
+
+
+def _at(mapping, keys):
+    """The value at a key path of nested dicts, or None."""
+    for key in keys:
+        mapping = mapping.get(key) if isinstance(mapping, dict) else None
+    return mapping
+
+
+def owned_violations(cluster):
+    """extra_args, env and additional_config entries that set a key pd-deploy renders, with its owner.
+
+    One table (pd_deploy/data/owned_keys.yml) says who owns each rendered key; whatever reaches a
+    launch spec through a pass-through (engine.extra_args, env, engine.additional_config) may not set
+    one of them a second way.
+    """
+    table = owned_keys()
+    argv, env_keys, json_keys = table["engine_argv"], table["engine_env"], table["engine_json"]
+    out = []
+    name = cluster["name"]
+    for role in model.ROLES:
+        rcfg = cluster["roles"][role]
+        where = f"{name}/{role}"
+
+        def owner(text, role=role):
+            return text.replace("<role>", role)
+
+        for arg in rcfg["engine"].get("extra_args") or []:
+            flag, path = _flag_and_path(arg)
+            if flag not in argv:
+                continue
+            key = owner(json_keys.get(flag, {}).get(path) or argv[flag])
+            what = f"{flag}.{path}" if path else flag
+            said = text.shown(arg) if arg.split("=", 1)[0] == what else f"{text.shown(arg)} (that is {what})"
+            out.append(_v("error", where, f"{role}.engine.extra_args",
+                          f"{said} repeats what pd-deploy renders from {key} (two values: vLLM "
+                          "keeps the last, the checks saw the first)",
+                          f"remove it from {role}.engine.extra_args and set {key} instead"))
+        for var in rcfg.get("env") or {}:
+            if var in env_keys:
+                key = owner(env_keys[var])
+                out.append(_v("error", where, f"{role}.env.{text.shown(var)}",
+                              f"{var} is set by pd-deploy for every rank (from {key}); an env entry would "
+                              "silently replace it",
+                              f"remove {role}.env.{var} and set {key} instead"))
+        for row in table["pass_through"]["json"]:
+            field = row["key"].replace("pd_cluster.<role>.", f"{role}.")
+            given = _at(rcfg, field.split(".")[1:])
+            owned = json_keys[row["flag"]]
+            for path in _json_paths(given if isinstance(given, dict) else {}):
+                full = f"{row['at']}.{path}" if row.get("at") else path
+                if full not in owned:
+                    continue
+                key = owner(owned[full])
+                out.append(_v("error", where, f"{field}.{text.shown(path)}",
+                              f"sets {full} of {row['flag']}, which pd-deploy renders from {key} (the rules "
+                              "check that key only)",
+                              f"remove it from {field} and set {key} instead"))
+    return out
 
 
 def cluster_violations(cluster):
@@ -104,57 +175,7 @@ def cluster_violations(cluster):
                           "(max_num_batched_tokens must be greater than or equal to max_num_seqs)",
                           f"set max_num_batched_tokens >= {seqs} (decode: about max_num_seqs x (1 + speculative "
                           "tokens)) or lower max_num_seqs"))
-    return out
-
-
-def _bare(cluster):
-    """A copy of the cluster without operator extra_args and env: what the renderer alone sets."""
-    bare = copy.deepcopy(cluster)
-    for rcfg in bare["roles"].values():
-        rcfg["engine"]["extra_args"] = []
-        rcfg["env"] = {}
-    return bare
-
-
-def spec_violations(cluster, topo, specs):
-    """extra_args / env that repeat a flag or a variable the renderer sets, with the key to use."""
-    out = []
-    bare = None
-    for role in model.ROLES:
-        rcfg = cluster["roles"][role]
-        extra = [a for a in rcfg["engine"].get("extra_args") or [] if isinstance(a, str)]
-        env = rcfg.get("env") or {}
-        if not extra and not env:
-            continue
-        sample = next((s for s in specs if s["role"] == role), None)
-        if sample is None:
-            continue
-        bare = bare or _bare(cluster)
-        inst = next(i for i in topo["instances"] if i["role"] == role and i["index"] == sample["instance"])
-        rank = next(r for r in inst["ranks"] if r["dp_rank"] == sample["dp_rank"])
-        base = model.rank_spec(bare, inst, rank, topo["hosts"][rank["host"]])
-        owned_flags = {f for f in map(_flag_name, base["command"]) if f}
-        owned_env = set(base["env"]) - set(cluster.get("env_common") or {})
-        where = f"{cluster['name']}/{role}"
-        for arg in extra:
-            flag = _flag_name(arg)
-            if flag in owned_flags:
-                key = FLAG_KEYS.get(flag)
-                if key is None:
-                    engine_key = flag[2:].replace("-", "_")
-                    key = f"{role}.engine.{engine_key}" if engine_key in rcfg["engine"] else "its pd_cluster key"
-                out.append(_v("error", where, f"{role}.engine.extra_args",
-                              f"{arg!r} repeats {flag}, which pd-deploy renders (two values: vLLM keeps the "
-                              "last, the checks saw the first)",
-                              f"remove it from extra_args and set {key.format(role=role)} instead"))
-        for name in env:
-            if name in owned_env:
-                key = ENV_KEYS.get(name, "the inventory key that renders it").format(role=role)
-                out.append(_v("error", where, f"{role}.env.{name}",
-                              f"{name} is set by pd-deploy for every rank (from {key}); an env entry would "
-                              "silently replace it",
-                              f"remove {role}.env.{name} and set {key} instead"))
-    return out
+    return out + owned_violations(cluster)
 
 
 FILTERS = {}

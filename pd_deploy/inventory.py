@@ -31,6 +31,19 @@ REQUIRED = (
      "set pd_host_ram: <size> (e.g. 512GiB; `free -g` on the host) in host_vars"),
 )
 
+#: Variables naming a path ON THE HOSTS (a relative one resolves against the remote user's home or
+#: the module's working directory: two operators would not share a lock directory). pd_ascend_root is a
+#: host fact, checked in fact_violations.
+HOST_PATH_VARS = ("pd_deploy_lock_dir", "pd_rollout_lock_dir", "pd_docker_socket", "pd_container_docker_socket",
+                  "pd_ops_docker_socket", "pd_prechecks_docker_socket", "pd_rollout_docker_socket",
+                  "pd_prechecks_docker_daemon_json", "pd_image_remote_dir")
+#: Variables naming a path on the controller (reports, build files, the image tarball): relative to
+#: the directory ansible-playbook runs in, which is the operator's own choice.
+CONTROLLER_PATH_VARS = ("pd_plan_build_dir", "pd_ops_reports_dir", "pd_baseline_reports_dir",
+                        "pd_capacity_reports_dir", "pd_health_reports_dir", "pd_gate_reports_dir",
+                        "pd_tune_reports_dir", "pd_gate_prompts_file", "pd_image_archive", "pd_log_dir",
+                        "pd_monitoring_dir")
+
 _ROLES_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "roles")
 
 
@@ -144,6 +157,28 @@ def fact_violations(name, hv):
         out.append(_v("error", name, "pd_ascend_root", f"{root!r} is a relative path (Docker would resolve it "
                       "against its own working directory)", "write an absolute path, or leave it empty for /"))
     return out
+
+
+def path_violations(name, hv):
+    """Host-side path variables (HOST_PATH_VARS) that are not absolute paths."""
+    out = []
+    for field in HOST_PATH_VARS:
+        value = hv.get(field)
+        if value is None:
+            continue
+        if not isinstance(value, str) or not value.startswith("/"):
+            out.append(_v("error", name, field, f"{value!r} is not an absolute path: on the host it resolves "
+                          "against the remote user's directory, so runs as another user see another one",
+                          f"write an absolute path (e.g. {_PATH_EXAMPLES.get(field, '/var/lib/pd-deploy')})"))
+    return out
+
+
+_PATH_EXAMPLES = {"pd_deploy_lock_dir": "/var/lib/pd-deploy/locks", "pd_rollout_lock_dir": "/var/lib/pd-deploy/locks",
+                  "pd_prechecks_docker_daemon_json": "/etc/docker/daemon.json",
+                  "pd_image_remote_dir": "/var/tmp/pd-images"}
+for _name in HOST_PATH_VARS:
+    if _name.endswith("_socket"):
+        _PATH_EXAMPLES[_name] = "/var/run/docker.sock"
 
 
 def machine_violations(hosts, specs):

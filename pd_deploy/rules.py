@@ -12,7 +12,7 @@ connector configs). Nothing is kept between calls.
 
 import json
 
-from pd_deploy import capacity, connectors, model, ports, sizes, versions
+from pd_deploy import capacity, connectors, model, ports, sizes, text, versions
 from pd_deploy.errors import PdError
 
 ROLES = ("prefill", "decode")
@@ -1064,6 +1064,31 @@ def rule_ports_unique(ctx):
 
 
 #: The rules, run in this order by check_cluster.
+#: the proxy's --waiting-retry-interval default (vllm-ascend v0.23.0 and main:
+#: examples/disaggregated_prefill_v1/load_balance_proxy_server_example.py, `default=10`)
+PROXY_WAITING_RETRY_DEFAULT_S = 10
+
+
+def rule_drain_timing(ctx):
+    """A drain that cannot finish: the proxy's NodeListener lists an added rank (and finalizes a removed
+    one) once per --waiting-retry-interval (time.sleep at the end of its loop, same upstream file), so
+    a drain_timeout_s not above it ends every drain on its bound."""
+    proxy = ctx["cluster"].get("proxy") or {}
+    drain = proxy.get("drain_timeout_s")
+    interval = proxy.get("waiting_retry_interval")
+    shown = interval
+    if interval is None:
+        interval, shown = PROXY_WAITING_RETRY_DEFAULT_S, f"null (the proxy's default {PROXY_WAITING_RETRY_DEFAULT_S} s)"
+    if not _is_number(drain) or not _is_number(interval) or drain <= 0 or interval < drain:
+        return []
+    return [_v("warning", ctx["name"], "proxy.waiting_retry_interval",
+               f"{shown} is not shorter than proxy.drain_timeout_s {drain}: the proxy looks at added and removed "
+               "ranks once per interval, so every drain of a rolling update ends on its timeout, not when the "
+               "rank is drained or listed again",
+               f"set proxy.waiting_retry_interval well below drain_timeout_s (e.g. {max(1, drain // 6)}) or raise "
+               "proxy.drain_timeout_s")]
+
+
 RULES = (
     rule_version_known,
     rule_engine_types,
@@ -1095,6 +1120,7 @@ RULES = (
     rule_recipe_flags,
     rule_image_tag,
     rule_partial_prefills,
+    rule_drain_timing,
     rule_topology_fit,
     rule_ports_unique,
 )
@@ -1131,10 +1157,11 @@ def format_violation(v):
     if missing:
         raise PdError(where, "violation", f"missing key(s) {', '.join(missing)}",
                       "pass one item of pd_check_cluster's result")
-    text = f"{str(v['level']).upper()} {v['where']}: {v['field']}: {v['message']}"
+    # names as pd_deploy.text.shown prints them (b-d1\u200b), no invisible character anywhere
+    line = f"{str(v['level']).upper()} {text.shown(v['where'])}: {text.shown(v['field'])}: {text.visible(v['message'])}"
     if v.get("fix"):
-        text += f" — {v['fix']}"
-    return text
+        line += f" — {text.visible(v['fix'])}"
+    return line
 
 
 def has_errors(vs):

@@ -135,6 +135,13 @@ def cluster_key(name, hosts):
         out.append(_v(name, "pd_api_key", "the hosts of this cluster do not share one key ("
                       + ", ".join(f"{h}: {r or 'none'}" for h, r in seen.items()) + ")",
                       "set pd_api_key in group_vars/<cluster>.yml only, not per host"))
+    clear = sorted({fact["clear_in"] for fact in (h.get("api_key") for h in hosts)
+                    if fact and fact.get("clear_in") and not fact.get("problem")})
+    for origin in clear:
+        out.append({"level": "warning", "where": name, "field": "pd_api_key",
+                    "message": f"the API key is written in clear in {origin} (not an !vault value): whoever reads "
+                               "the inventory (its git history, backups) can call the cluster",
+                    "fix": f"replace it with an encrypted value: {FIX}"})
     values = set(seen.values())
     return (values.pop() if len(values) == 1 else None), out
 
