@@ -13,6 +13,7 @@ from pd_deploy import capacity
 from pd_deploy.errors import PdError
 from pd_deploy.ops import diagnosis
 from tests.fixtures.ops_inputs import CLUSTER, D_SEQS, NORM, P99, PLAN, StandIn, page
+from tests.fixtures.real_metrics import PAGES, by_source, real_page
 
 
 def _one(findings, signal):
@@ -223,8 +224,6 @@ def test_a_scrape_of_a_stand_in_engine_over_loopback_is_diagnosed():
 
 
 # ---- the recompute pitfall from D's prompt tokens by source (real pages of vLLM 0.27.1's CPU build)
-
-from tests.fixtures.real_metrics import PAGES, by_source, real_page  # noqa: E402
 
 PITFALL = 'vllm:prompt_tokens_by_source_total{source="local_compute"}'
 

@@ -9,6 +9,7 @@ import pytest
 from pd_deploy.errors import PdError
 from pd_deploy.ops import metrics
 from tests.fixtures.ops_inputs import page
+from tests.fixtures.real_metrics import PAGES, by_source, real_page
 
 
 def test_parse_metrics_sums_request_gauges_and_counters_and_takes_the_fullest_engine():
@@ -72,8 +73,6 @@ def test_metrics_window_treats_a_counter_going_down_as_a_restart():
 
 
 # ---- prompt tokens by KV source, on the real engine's pages (vLLM 0.27.1 CPU build)
-
-from tests.fixtures.real_metrics import PAGES, by_source, real_page  # noqa: E402
 
 
 def test_parse_metrics_reads_prompt_tokens_by_source_from_a_real_page():
