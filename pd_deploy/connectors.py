@@ -127,6 +127,59 @@ def recompute_child(cpu_bytes_to_use_per_rank, tp=None):
     }
 
 
+#: the sub-keys of ``<role>.kv_connector_engine`` (see apply_engine_names)
+ENGINE_NAME_KEYS = ("names", "extra_config", "multi")
+
+
+def apply_engine_names(children, engine_map, role, where="pd_kv_transfer_config"):
+    """Map the rendered children to an engine that names its connectors differently.
+
+    ``engine_map`` is the role's ``kv_connector_engine`` (None = the rendered children as they are):
+    ``names`` {product connector name: the engine's class name}, ``extra_config`` {product connector
+    name: keys added to that child's kv_connector_extra_config}, ``multi`` (wrap even one child in
+    MultiConnector). Children are matched by the name the product renders; a name no child has, or
+    an extra key the renderer already sets for that child, is refused (the renderer owns those).
+    Returns ``(children, multi)``; ``children`` are new dicts.
+    """
+    field = f"{role}.kv_connector_engine"
+    if engine_map is None:
+        return children, False
+    _check_dict(engine_map, where, field)
+    unknown = sorted(set(engine_map) - set(ENGINE_NAME_KEYS))
+    if unknown:
+        raise PdError(where, f"{field}.{unknown[0]}", "is not a key of kv_connector_engine",
+                      f"use only {', '.join(ENGINE_NAME_KEYS)}")
+    names = _check_dict(engine_map.get("names") or {}, where, f"{field}.names")
+    extras = _check_dict(engine_map.get("extra_config") or {}, where, f"{field}.extra_config")
+    multi = engine_map.get("multi", False)
+    if not isinstance(multi, bool):
+        raise PdError(where, f"{field}.multi", f"{multi!r} is not true or false",
+                      "set multi: true to wrap even a single child in MultiConnector")
+    rendered = [c["kv_connector"] for c in children]
+    for key, mapping in (("names", names), ("extra_config", extras)):
+        for name in mapping:
+            if name not in rendered:
+                raise PdError(where, f"{field}.{key}.{name}",
+                              f"no connector named {name!r} is rendered for {role} "
+                              f"(rendered: {', '.join(rendered) or 'none'})",
+                              "key it by a connector name the role renders (mooncake_connector or offload_connector)")
+    out = []
+    for child in children:
+        child = copy.deepcopy(child)
+        name = child["kv_connector"]
+        extra = _check_dict(extras.get(name) or {}, where, f"{field}.extra_config.{name}")
+        owned = sorted(set(extra) & set(child["kv_connector_extra_config"]))
+        if owned:
+            raise PdError(where, f"{field}.extra_config.{name}.{owned[0]}",
+                          "is a key the renderer sets for this connector",
+                          "remove it: only keys the renderer does not own may be added")
+        child["kv_connector_extra_config"].update(copy.deepcopy(extra))
+        if name in names:
+            child["kv_connector"] = _check_str(names[name], where, f"{field}.names.{name}")
+        out.append(child)
+    return out, multi
+
+
 def kv_transfer_config(role_cfg, cluster, instance, row, offload_bytes):
     """The whole ``--kv-transfer-config`` dict of one instance, or None without any connector.
 
@@ -137,6 +190,8 @@ def kv_transfer_config(role_cfg, cluster, instance, row, offload_bytes):
     vllm-ascend guides write a single Mooncake connector). ``offload_bytes`` is the offload child's
     value for one container: ``cpu_bytes_to_use`` for OffloadingConnector, ``cpu_bytes_to_use_per_rank``
     for RecomputeCPUOffloadConnector; ignored (may be None) when the role has no offload connector.
+    The role's ``kv_connector_engine`` (apply_engine_names; null by default) maps the children to an
+    engine whose connector names differ (the test inventory of molecule/real-engine: vLLM's CPU build).
     """
     where = "pd_kv_transfer_config"
     _check_dict(role_cfg, where, "role_cfg")
@@ -171,7 +226,9 @@ def kv_transfer_config(role_cfg, cluster, instance, row, offload_bytes):
         children.append(recompute_child(offload_bytes, role_cfg.get("tp")))
     if not children:
         return None
-    if len(children) == 1:
+    children, multi = apply_engine_names(children, role_cfg.get("kv_connector_engine"), role,
+                                          f"{cluster.get('name')}/{role}")
+    if len(children) == 1 and not multi:
         single = children[0]
         single["engine_id"] = engine_id
         return single

@@ -92,6 +92,31 @@ def _ttft_windows(samples):
     return before, windows
 
 
+def _recompute_pitfall(parsed, cluster, where):
+    """D's ``vllm:prompt_tokens_by_source_total{source="local_compute"}`` grew between the first and
+    the last scrape while the cluster has a prefill role: D prefilled prompts itself, the work P exists
+    for (vLLM v0.27.1 vllm/v1/metrics/stats.py: D's prompt tokens whose KV came from P count as
+    external_kv_transfer). None without the counter in both scrapes, on a reset, or with no growth."""
+    first, last = parsed[0].get("prompt_tokens_by_source"), parsed[-1].get("prompt_tokens_by_source")
+    if first is None or last is None or cluster["roles"]["prefill"].get("instances", 0) < 1:
+        return None
+    grew = {k: v - first.get(k, 0.0) for k, v in last.items()}
+    if any(v < 0 for v in grew.values()) or grew.get("local_compute", 0.0) <= 0:
+        return None
+    local, external = grew.get("local_compute", 0.0), grew.get("external_kv_transfer", 0.0)
+    share = local / (local + external)
+    checks = ("prefill.mooncake and decode.mooncake are true (both render the Mooncake child of "
+              "--kv-transfer-config); the proxy/router passes P's kv_transfer_params to D; D reaches P's "
+              "KV port and Mooncake bootstrap; P's and D's logs for transfer errors or timeouts")
+    return _finding(
+        "critical" if external == 0 else "warning",
+        'vllm:prompt_tokens_by_source_total{source="local_compute"}',
+        f"+{_fmt(local)} local_compute, +{_fmt(external)} external_kv_transfer between the first and last scrape "
+        f"({share:.0%} of D's new prompt tokens computed on D)",
+        "recompute pitfall: D prefilled prompts itself instead of receiving P's KV (P's work is repeated, "
+        "TTFT and D's batch pay for it)", f"check that {checks}", where)
+
+
 def diagnose(samples, role, config, log_text=None, where=None, kv_high=KV_HIGH, sustain=KV_SUSTAIN,
              ttft_growth=TTFT_GROWTH):
     """Apply the article's pitfall table to one rank: scrapes (oldest first) and optionally its log.
@@ -227,6 +252,12 @@ def diagnose(samples, role, config, log_text=None, where=None, kv_high=KV_HIGH, 
                 f"mean {windows[-1]:.3f} s in the last window vs {reference:.3f} s before",
                 "TTFT grows: the batch is too large and requests queue behind it (or the load grew)",
                 action, where, change))
+
+    # D computes prompt tokens itself although a P exists: the recompute pitfall (P's KV never arrived)
+    if role == "decode" and len(parsed) >= 2:
+        finding = _recompute_pitfall(parsed, cluster, where)
+        if finding:
+            findings.append(finding)
 
     if log_text is not None:
         lines = count_recompute(log_text)

@@ -17,6 +17,9 @@ _MAX_GAUGES = {"vllm:kv_cache_usage_perc": "kv_cache_usage_perc",
 _COUNTERS = {"vllm:num_preemptions": "num_preemptions", "vllm:prompt_tokens": "prompt_tokens",
              "vllm:generation_tokens": "generation_tokens", "vllm:request_success": "request_success"}
 _HISTOGRAMS = {"vllm:time_to_first_token_seconds": "time_to_first_token_seconds"}
+# prompt tokens by where their KV came from (vLLM v0.27.1 vllm/v1/metrics/stats.py PromptTokenStats:
+# local_compute + local_cache_hit + external_kv_transfer = prompt tokens), one counter per source
+_BY_SOURCE = "vllm:prompt_tokens_by_source_total"
 _SIGNALS = ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
             "vllm:num_preemptions", "vllm:time_to_first_token_seconds")
 
@@ -70,7 +73,10 @@ def parse_metrics(text):
     model_name: the rank's total); ``kv_cache_usage_perc`` is the maximum (the fullest engine); the
     TTFT histogram is merged bucket by bucket into ``{count, sum, mean, p50, p95, buckets}``. A
     signal the page does not carry is None and listed in ``missing``. Counters are read from their
-    ``_total`` samples (``_created`` is ignored).
+    ``_total`` samples (``_created`` is ignored). ``prompt_tokens_by_source`` is
+    ``{local_compute, local_cache_hit, external_kv_transfer, ...}`` (summed per ``source`` label) or
+    None when the engine does not expose ``vllm:prompt_tokens_by_source_total`` (not a DOMAIN.md §6
+    signal: never listed in ``missing``).
     """
     where = "pd_parse_metrics"
     if not isinstance(text, str):
@@ -84,6 +90,7 @@ def parse_metrics(text):
     values = {}
     hists = {}
     engines = set()
+    by_source = None
     try:
         for family in text_string_to_metric_families(text):
             for sample in family.samples:
@@ -92,7 +99,11 @@ def parse_metrics(text):
                     continue
                 if name.startswith("vllm:") and "engine" in sample.labels:
                     engines.add(str(sample.labels["engine"]))
-                if name in _SUM_GAUGES:
+                if name == _BY_SOURCE:
+                    by_source = by_source or {}
+                    source = str(sample.labels.get("source", ""))
+                    by_source[source] = by_source.get(source, 0.0) + value
+                elif name in _SUM_GAUGES:
                     key = _SUM_GAUGES[name]
                     values[key] = values.get(key, 0.0) + value
                 elif name in _MAX_GAUGES:
@@ -127,6 +138,7 @@ def parse_metrics(text):
              "vllm:time_to_first_token_seconds": "time_to_first_token_seconds"}
     out["missing"] = [name for name in _SIGNALS if out[short[name]] is None]
     out["engines"] = sorted(engines)
+    out["prompt_tokens_by_source"] = by_source
     return out
 
 
@@ -156,7 +168,7 @@ def metrics_window(first, second, seconds=None):
 
     Returns ``{requests, preemptions, prompt_tokens, generation_tokens, avg_prompt_tokens,
     ttft_mean, ttft_p50, ttft_p95, generation_tokens_per_s, num_requests_running,
-    num_requests_waiting, kv_cache_usage_perc, reset}``: counter increases, TTFT of the requests
+    num_requests_waiting, kv_cache_usage_perc, reset, prompt_tokens_by_source}``: counter increases, TTFT of the requests
     that finished their first token in the window (from the histogram's bucket differences), the
     gauges at the second scrape. A counter that went down means the engine restarted: the second
     scrape's values are taken as the window and ``reset`` is true. ``seconds`` (the time between
@@ -203,6 +215,11 @@ def metrics_window(first, second, seconds=None):
     for key in ("num_requests_running", "num_requests_waiting", "kv_cache_usage_perc"):
         out[key] = b[key]
     out["reset"] = reset
+    # prompt tokens per KV source in the window (None when either scrape lacks them)
+    src_a, src_b = (None if reset else a.get("prompt_tokens_by_source")), b.get("prompt_tokens_by_source")
+    out["prompt_tokens_by_source"] = None
+    if src_b is not None and (reset or src_a is not None):
+        out["prompt_tokens_by_source"] = {k: v - (src_a or {}).get(k, 0.0) for k, v in src_b.items()}
     return out
 
 

@@ -304,3 +304,65 @@ def test_filters_through_jinja():
     kv, add = text.split("|")
     assert json.loads(kv) == ARTICLE_D_RENDERED
     assert json.loads(add) == {"scheduler_config": {"recompute_scheduler_enable": True}}
+
+
+# ---- <role>.kv_connector_engine: an engine that names the connectors differently (vLLM's CPU build)
+
+VLLM_MOONCAKE = {"names": {"MooncakeConnectorV1": "MooncakeConnector"},
+                 "extra_config": {"MooncakeConnectorV1": {"mooncake_protocol": "tcp"}}, "multi": True}
+
+
+def _render_prefill(engine_map, offload="none", row="main", offload_bytes=None):
+    c = cluster()
+    c["roles"]["prefill"].update(offload_connector=offload, kv_connector_engine=engine_map)
+    return connectors.kv_transfer_config(c["roles"]["prefill"], c, instance("prefill", "0", 30000),
+                                         versions.version_row(row), offload_bytes)
+
+
+def test_engine_names_rename_add_extra_keys_and_wrap_one_child():
+    result = _render_prefill(copy.deepcopy(VLLM_MOONCAKE))
+    plain = _render_prefill(None)
+    child = {k: v for k, v in plain.items() if k != "engine_id"}
+    child["kv_connector"] = "MooncakeConnector"
+    child["kv_connector_extra_config"] = dict(child["kv_connector_extra_config"], mooncake_protocol="tcp")
+    assert result == {"kv_connector": "MultiConnector", "kv_role": "kv_producer", "engine_id": "0",
+                      "kv_connector_extra_config": {"connectors": [child]}}
+
+
+def test_engine_names_null_or_empty_render_as_before():
+    assert _render_prefill({}) == _render_prefill(None)
+    assert _render_prefill(None)["kv_connector"] == "MooncakeConnectorV1"
+
+
+def test_engine_names_leave_unnamed_children_alone():
+    result = _render_prefill({"names": {"OffloadingConnector": "PdTestConnector"}},
+                             offload="OffloadingConnector", offload_bytes=GIB)
+    kids = result["kv_connector_extra_config"]["connectors"]
+    assert [k["kv_connector"] for k in kids] == ["MooncakeConnectorV1", "PdTestConnector"]
+    assert kids[1]["kv_connector_extra_config"]["cpu_bytes_to_use"] == GIB
+
+
+@pytest.mark.parametrize("engine_map, field", [
+    # a key the renderer owns for the Mooncake child (the P/D topology)
+    ({"extra_config": {"MooncakeConnectorV1": {"prefill": {}}}},
+     "prefill.kv_connector_engine.extra_config.MooncakeConnectorV1.prefill"),
+    ({"names": {"MooncakeHybridConnector": "MooncakeConnector"}},
+     "prefill.kv_connector_engine.names.MooncakeHybridConnector"),
+    ({"extra_config": {"OffloadingConnector": {"x": 1}}},
+     "prefill.kv_connector_engine.extra_config.OffloadingConnector"),
+    ({"multi": "yes"}, "prefill.kv_connector_engine.multi"),
+    ({"rename": {}}, "prefill.kv_connector_engine.rename"),
+    ({"names": {"MooncakeConnectorV1": ""}}, "prefill.kv_connector_engine.names.MooncakeConnectorV1"),
+])
+def test_engine_names_refuse_what_the_renderer_owns_or_does_not_render(engine_map, field):
+    with pytest.raises(PdError) as err:
+        _render_prefill(engine_map)
+    assert err.value.field == field
+    assert err.value.fix
+    assert err.value.where == "cluster_a/prefill"
+
+
+def test_engine_names_leave_the_input_untouched():
+    engine_map = copy.deepcopy(VLLM_MOONCAKE)
+    _render_prefill(engine_map)
+    assert engine_map == VLLM_MOONCAKE

@@ -13,6 +13,7 @@ from pd_deploy import capacity
 from pd_deploy.errors import PdError
 from pd_deploy.ops import diagnosis
 from tests.fixtures.ops_inputs import CLUSTER, D_SEQS, NORM, P99, PLAN, StandIn, page
+from tests.fixtures.real_metrics import PAGES, by_source, real_page
 
 
 def _one(findings, signal):
@@ -220,3 +221,40 @@ def test_a_scrape_of_a_stand_in_engine_over_loopback_is_diagnosed():
     findings = diagnosis.diagnose(samples, "decode", CLUSTER)
     assert {f["signal"] for f in findings} == {"vllm:num_preemptions", "vllm:kv_cache_usage_perc"}
     assert diagnosis.verdict(findings)["status"] == "critical"
+
+
+# ---- the recompute pitfall from D's prompt tokens by source (real pages of vLLM 0.27.1's CPU build)
+
+PITFALL = 'vllm:prompt_tokens_by_source_total{source="local_compute"}'
+
+
+def test_decode_computing_prompts_itself_is_the_recompute_pitfall():
+    # between the scrapes D prefilled a prompt itself (no kv_transfer_params): P's work repeated
+    first, second = real_page(PAGES[0]), real_page(PAGES[1])
+    grew = by_source(second)["local_compute"] - by_source(first)["local_compute"]
+    assert grew > 0
+    f = _one(diagnosis.diagnose([first, second], "decode", CLUSTER), PITFALL)
+    assert f["severity"] == "critical"  # no token came from P in the window
+    assert f"+{grew:g} local_compute" in f["value"]
+    assert "recompute pitfall" in f["meaning"]
+    assert "decode.mooncake" in f["action"] and "kv_transfer_params" in f["action"]
+    assert f["where"] == "c1/decode"
+
+
+def test_decode_receiving_prompts_from_prefill_is_not_the_pitfall():
+    first, second = real_page(PAGES[1]), real_page(PAGES[2])
+    assert by_source(second)["external_kv_transfer"] > by_source(first)["external_kv_transfer"]
+    findings = diagnosis.diagnose([first, second], "decode", CLUSTER)
+    assert [f for f in findings if f["signal"] == PITFALL] == []
+
+
+def test_the_pitfall_is_a_decode_finding_and_needs_two_scrapes():
+    first, second = real_page(PAGES[0]), real_page(PAGES[1])
+    assert [f for f in diagnosis.diagnose([first, second], "prefill", CLUSTER) if f["signal"] == PITFALL] == []
+    assert [f for f in diagnosis.diagnose([second], "decode", CLUSTER) if f["signal"] == PITFALL] == []
+
+
+def test_partly_transferred_prompts_are_a_warning():
+    first, second = real_page(PAGES[0]), real_page(PAGES[2])
+    f = _one(diagnosis.diagnose([first, second], "decode", CLUSTER), PITFALL)
+    assert f["severity"] == "warning"

@@ -9,6 +9,7 @@ import pytest
 from pd_deploy.errors import PdError
 from pd_deploy.ops import metrics
 from tests.fixtures.ops_inputs import page
+from tests.fixtures.real_metrics import PAGES, by_source, real_page
 
 
 def test_parse_metrics_sums_request_gauges_and_counters_and_takes_the_fullest_engine():
@@ -69,3 +70,29 @@ def test_metrics_window_treats_a_counter_going_down_as_a_restart():
     assert got["reset"] is True
     assert got["preemptions"] == 2
     assert got["requests"] == 1
+
+
+# ---- prompt tokens by KV source, on the real engine's pages (vLLM 0.27.1 CPU build)
+
+
+def test_parse_metrics_reads_prompt_tokens_by_source_from_a_real_page():
+    text = real_page(PAGES[1])
+    got = metrics.parse_metrics(text)
+    assert got["prompt_tokens_by_source"] == by_source(text)
+    assert set(got["prompt_tokens_by_source"]) == {"local_compute", "local_cache_hit", "external_kv_transfer"}
+    # vLLM: local_compute + local_cache_hit + external_kv_transfer = prompt tokens
+    assert sum(got["prompt_tokens_by_source"].values()) == got["prompt_tokens"]
+    assert got["missing"] == []
+
+
+def test_parse_metrics_without_the_by_source_counter_gives_none():
+    assert metrics.parse_metrics(page({}))["prompt_tokens_by_source"] is None
+
+
+@pytest.mark.parametrize("first, second", [(0, 1), (1, 2)])
+def test_metrics_window_counts_prompt_tokens_per_source(first, second):
+    a, b = real_page(PAGES[first]), real_page(PAGES[second])
+    got = metrics.metrics_window(a, b)
+    want = {k: v - by_source(a)[k] for k, v in by_source(b).items()}
+    assert got["prompt_tokens_by_source"] == want
+    assert sum(want.values()) == got["prompt_tokens"]
