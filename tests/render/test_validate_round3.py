@@ -132,7 +132,7 @@ def test_a_duplicate_yaml_key_stops_the_run_naming_file_and_line(runs, key, wher
      ("ERROR cluster_a/prefill: prefill.engine.additional_config.scheduler_config.recompute_scheduler_enable: ",
       "set pd_cluster.prefill.recompute_scheduler instead")),
     ("env_value_with_newline", ("ERROR cluster_a: decode.env.MY_TUNING: '1\\nEVIL=2' holds a line break",)),
-    ("relative_lock_dir", ("ERROR b-p0: pd_deploy_lock_dir: 'pd-locks' is not an absolute path",
+    ("relative_lock_dir", ("ERROR b-p0, b-d0, b-d1: pd_deploy_lock_dir: 'pd-locks' is not an absolute path",
                            "/var/lib/pd-deploy/locks")),
 ])
 def test_the_new_classes_are_refused_end_to_end(runs, key, parts):
