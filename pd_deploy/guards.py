@@ -74,6 +74,19 @@ def _json_paths(value, prefix=""):
             yield from _json_paths(item, prefix + "[]")
 
 
+def _pass_through_paths(row, given):
+    """(path as the operator wrote it, every rendered path it lands at) of a pass-through JSON row."""
+    given = given if isinstance(given, dict) else {}
+    if not row.get("per_connector"):
+        for path in _json_paths(given):
+            yield path, f"{row['at']}.{path}" if row.get("at") else path
+        return
+    for connector, keys in given.items():  # {rendered connector name: keys of its extra config}
+        for path in _json_paths(keys if isinstance(keys, dict) else {}):
+            for at in (row["at"], row["in_multi"]):
+                yield f"{connector}.{path}", f"{at}.{path}"
+
+
 def _at(mapping, keys):
     """The value at a key path of nested dicts, or None."""
     for key in keys:
@@ -121,8 +134,7 @@ def owned_violations(cluster):
             field = row["key"].replace("pd_cluster.<role>.", f"{role}.")
             given = _at(rcfg, field.split(".")[1:])
             owned = json_keys[row["flag"]]
-            for path in _json_paths(given if isinstance(given, dict) else {}):
-                full = f"{row['at']}.{path}" if row.get("at") else path
+            for path, full in _pass_through_paths(row, given):
                 if full not in owned:
                     continue
                 key = owner(owned[full])

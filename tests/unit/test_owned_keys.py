@@ -110,15 +110,15 @@ VARIANTS = {"as is": None, "partial prefills": _variant_partial, "eager, remote 
 def render(f):
     """Every launch spec of a fleet, rendered by the model alone (no rule can stop it: partial
     prefills > 1 are refused on every supported version but still a flag the renderer can emit)."""
-    problems = []
+    problems, incomplete = [], set()
     specs = []
-    for name, (raw, hosts) in fleet._group_hosts(f, problems).items():
+    for name, (raw, hosts) in fleet._group_hosts(f, problems, incomplete).items():
         cluster = model.normalize(name, raw)
         topo, _ = model.topology(cluster, hosts)
         specs += [model.rank_spec(cluster, inst, rank, topo["hosts"][rank["host"]])
                   for inst in topo["instances"] for rank in inst["ranks"]]
         specs.append(model.proxy_spec(cluster, topo))
-    assert [p for p in problems if p["level"] == "error"] == []
+    assert [p for p in problems if p["level"] == "error"] == [] and not incomplete
     return specs
 
 
@@ -242,3 +242,26 @@ def test_a_new_pass_through_dict_is_one_row_of_the_table(monkeypatch):
     plan = with_a(lambda a: a["decode"].setdefault("engine", {}).update(additional_config={"prefill": {"tp_size": 8}}))
     found = errors(plan, "decode.engine.additional_config.prefill.tp_size")
     assert found and "set pd_cluster.prefill.tp instead" in found[0]["fix"], plan["messages"]
+
+
+@pytest.mark.parametrize("extra, field, key", [
+    # the Mooncake child (cluster a's decode renders it beside the offload child, in a MultiConnector)
+    ({"MooncakeHybridConnector": {"prefill": {"tp_size": 8}}},
+     "decode.kv_connector_engine.extra_config.MooncakeHybridConnector.prefill.tp_size", "pd_cluster.prefill.tp"),
+    # an offload child inside the MultiConnector: its extra config is a connectors[] item's
+    ({"RecomputeCPUOffloadConnector": {"cpu_bytes_to_use_per_rank": 1}},
+     "decode.kv_connector_engine.extra_config.RecomputeCPUOffloadConnector.cpu_bytes_to_use_per_rank",
+     "pd_cluster.decode.cpu_offload"),
+])
+def test_the_engine_connector_knob_cannot_set_a_rendered_key(extra, field, key):
+    # w/kv's kv_connector_engine.extra_config (molecule/real-engine) is a pass-through row of the table
+    plan = with_a(lambda a: a["decode"].update(kv_connector_engine={"extra_config": extra}))
+    found = errors(plan, field)
+    assert found and f"set {key} instead" in found[0]["fix"], plan["messages"]
+
+
+def test_the_engine_connector_knob_may_add_keys_nobody_renders():
+    plan = with_a(lambda a: a["decode"].update(kv_connector_engine={
+        "names": {"MooncakeHybridConnector": "MooncakeConnector"},
+        "extra_config": {"MooncakeHybridConnector": {"mooncake_protocol": "tcp"}}, "multi": True}))
+    assert not [v for v in errors(plan) if "kv_connector_engine" in v["field"]], plan["messages"]
