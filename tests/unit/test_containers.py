@@ -1,5 +1,7 @@
 """pd_deploy.containers: what the container role decides from Docker's and the host's answers."""
 
+import copy
+
 import pytest
 
 from pd_deploy import containers
@@ -244,3 +246,69 @@ def test_running_previous_names_previous_containers_that_run():
     observed = [seen("a-previous", "x"), dict(seen("b-previous", "x", running=False), state="restarting"),
                 seen("c-previous", "x", running=False), seen("d", "x")]
     assert containers.running_previous(observed) == ["a-previous", "b-previous"]
+
+
+# ---- the replacement's order of operations (roles/pd_container/tasks/preserve.yml) ---------------
+
+def _run_tasks(tasks, host, name):
+    """Apply the Docker effects of preserve.yml's tasks to ``host`` ({name: {running, policy}})."""
+    import re
+    for task in tasks:
+        text = yaml_dump(task).replace("{{ _pd_old }}", name)
+        if "community.docker.docker_container" in task:
+            args = yaml_load(text)["community.docker.docker_container"]
+            if args["state"] == "absent":
+                host.pop(args["name"], None)
+            elif args["state"] == "stopped":
+                host[args["name"]]["running"] = False
+            else:
+                raise AssertionError(f"unexpected docker_container state {args['state']}")
+            yield copy.deepcopy(host)
+            continue
+        args = yaml_load(text)["ansible.builtin.uri"]
+        url = re.fullmatch(r"http://localhost/containers/([^/]+)/(update|rename)(?:\?name=(.+))?", args["url"])
+        assert url, f"unexpected Docker API call {args['url']}"
+        target, call, new = url.groups()
+        if call == "update":
+            host[target]["policy"] = args["body"]["RestartPolicy"]["Name"]
+        else:
+            host[new] = host.pop(target)
+        yield copy.deepcopy(host)
+
+
+def yaml_load(text):
+    import yaml
+    return yaml.safe_load(text)
+
+
+def yaml_dump(data):
+    import yaml
+    return yaml.safe_dump(data, sort_keys=False)
+
+
+@pytest.mark.parametrize("policy", ["always", "unless-stopped", "on-failure"])
+def test_no_kill_point_of_a_replacement_leaves_a_previous_container_that_restarts_by_itself(policy):
+    """A run SIGKILLed after any task of preserve.yml: whatever is named <name>-previous has policy no
+    (issue 20: a kill right after the rename left it unless-stopped)."""
+    from pathlib import Path
+    tasks = yaml_load((Path(__file__).resolve().parents[2] / "roles/pd_container/tasks/preserve.yml").read_text())
+    host = {"r": {"running": True, "policy": policy}, "r-previous": {"running": False, "policy": "no"}}
+    states = [copy.deepcopy(host)] + list(_run_tasks(tasks, host, "r"))
+    assert len(states) == len(tasks) + 1, "a task of preserve.yml this test does not model"
+    seen_previous = False
+    for state in states:
+        if "r-previous" in state:
+            seen_previous = True
+            assert state["r-previous"]["policy"] == "no" and not state["r-previous"]["running"], state
+    assert seen_previous and "r" not in host  # the replacement did keep it
+
+
+def test_the_next_run_sets_policy_no_on_every_previous_container_it_finds():
+    """A -previous left with another policy (an older pd-deploy, a hand rename) is fixed by the next run:
+    every kept name is in the plan's previous list, which apply.yml updates to policy no."""
+    s = spec("r", "new")
+    for observed in ([seen("r-previous", "old", running=False)],                       # killed after the rename
+                     [seen("r-previous", "old", running=False), seen("r", "new")],     # killed in the wait
+                     [seen("r-previous", "old", running=False), seen("r", "new", running=False)],
+                     [seen("r-previous", "older", running=False), seen("r", "old")]):  # stale previous
+        assert containers.replacement_plan([s], observed)["previous"] == ["r"], observed
