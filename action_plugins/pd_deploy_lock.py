@@ -170,4 +170,7 @@ class ActionModule(ActionBase):
                 display.warning(got["msg"])
             result.update(got)
             return result
-        raise AnsibleActionFail(refusal(args.get("cluster"), host, got.get("path"), holder, state, break_asked))
+        # lock_refused: the deploy's report says this cluster was not touched, held by that run
+        raise AnsibleActionFail(refusal(args.get("cluster"), host, got.get("path"), holder, state, break_asked),
+                                result={"lock_refused": True, "cluster": args.get("cluster"), "holder": holder,
+                                        "holder_state": state, "held_by": describe(holder)})
