@@ -312,3 +312,19 @@ def test_the_next_run_sets_policy_no_on_every_previous_container_it_finds():
                      [seen("r-previous", "old", running=False), seen("r", "new", running=False)],
                      [seen("r-previous", "older", running=False), seen("r", "old")]):  # stale previous
         assert containers.replacement_plan([s], observed)["previous"] == ["r"], observed
+
+
+def test_a_wiring_that_failed_because_the_proxy_is_down_names_the_proxy_not_the_ranks():
+    """Issue 20: with the proxy container killed the message said "Check that the new ranks answer /v1/models"."""
+    down = {"wired": False, "error": "ConnectionRefusedError: [Errno 111] Connection refused", "added": {},
+            "removed": {}, "restores": {}, "proxy_down": "its container pd-c-proxy: container exited (exit code 137)"}
+    text = containers.wiring_message(down, "c-p0", "pd-c-proxy")
+    assert text.startswith("c-p0: the proxy pd-c-proxy is down (its container pd-c-proxy: container exited "
+                           "(exit code 137))")
+    assert "/v1/models" not in text and "not at fault" in text and "docker logs pd-c-proxy on c-p0" in text
+    # the proxy answers but does not take a new rank: then the ranks are the question
+    slow = {"wired": False, "error": "", "added": {"decode": ["10.0.0.2:8200"]}, "removed": {}, "proxy_down": "",
+            "restores": {"decode": {"missing": ["10.0.0.2:8200"]}}}
+    text = containers.wiring_message(slow, "c-p0", "pd-c-proxy")
+    assert "Check that the new ranks answer /v1/models" in text and 'still missing ["10.0.0.2:8200"]' in text
+    assert "bound reached" in text and "is down" not in text
