@@ -279,8 +279,8 @@ def _unchanged_after_failure(name, specs, observed):
     if len(good) == len(states):
         return [f"{name}: unchanged (no change to roll; read again after the failure: every container runs its "
                 "launch spec)"]
-    return ([f"{name}: not rolled out (no change to roll), but read again after the failure only {len(good)} of "
-             f"{len(states)} containers run their launch spec:"]
+    return ([f"{name}: not rolled out (no change to roll); read again after the failure, {len(good)} of "
+             f"{len(states)} containers run their launch spec, the others:"]
             + [f"  {label} on {host} port {spec['ports']['http']}: {state}" for host, spec, label, state in states
                if state != "current launch spec, running"])
 

@@ -644,7 +644,7 @@ def test_after_a_failure_a_cluster_left_alone_is_reported_from_its_hosts_read_ag
     lines = report.rollout_summary(plan, HOSTS, targets, outcomes=outcomes, probes=after)
     assert not any("answered its health URL" in line for line in lines), lines
     head = next(line for line in lines if line.startswith("cluster_a"))
-    assert head.startswith("cluster_a: not rolled out (no change to roll), but read again after the failure only ")
+    assert head.startswith("cluster_a: not rolled out (no change to roll); read again after the failure, ")
     stopped = [line for line in lines if line.endswith("current launch spec, NOT running (exited)")]
     assert stopped and all(" on a-d0 port " in line for line in stopped)
     # not read again (its host did not answer): not claimed either
