@@ -5,10 +5,14 @@ plugin runs on the controller, so it can name this run (controller, user, ansibl
 and that process's start time) and tell, for a lock held by another run of this same controller,
 whether that run still exists. A lock held by another run:
 
-- live (its process runs on this controller) -> refused, even with pd_deploy_break_lock;
-- stale (its process is gone: killed, or its host was lost before it could give the lock back) or
-  held from another controller (cannot be checked from here) -> refused with the holder named and
-  the way to break it: -e pd_deploy_break_lock=true. A lock is never broken without that flag.
+- live (its process runs on this controller and is provably the same process: its start time matches
+  the one recorded) -> refused, even with pd_deploy_break_lock;
+- stale (its process is gone: killed, or its host was lost before it could give the lock back; or its
+  process id now belongs to another process), unproven (a process has its id but the record has no
+  start time, written where /proc is absent or by an older pd-deploy, or /proc cannot be read: the
+  holder cannot be proven alive) or held from another controller (cannot be checked from here) ->
+  refused with the holder named, why, and the way to break it: -e pd_deploy_break_lock=true. A lock
+  is never broken without that flag.
 """
 
 import datetime
@@ -47,22 +51,40 @@ def this_run(now=None):
             "pid_start": start, "started": started}
 
 
+def process_name(pid):
+    """The program name of ``pid`` (Linux /proc/<pid>/comm), or None."""
+    try:
+        with open(f"/proc/{pid}/comm", encoding="utf-8", errors="replace") as handle:
+            return handle.read().strip() or None
+    except OSError:
+        return None
+
+
 def holder_state(holder, controller, alive=None):
-    """``live``, ``stale`` or ``unknown`` (another controller, or an unreadable lock file)."""
+    """``live``, ``stale``, ``unproven`` or ``unknown`` (another controller, or an unreadable lock file).
+
+    Live only when the process exists AND is provably the holder: its start time equals the recorded
+    one. A process under the recorded id whose start time cannot be compared (none recorded: a lock
+    written where /proc is absent or by an older pd-deploy; or /proc unreadable now) is ``unproven``:
+    any process that reuses the id would otherwise keep the lock forever.
+    """
     if not holder or holder.get("controller") != controller or not isinstance(holder.get("pid"), int):
         return "unknown"
-    alive = alive or _alive
-    return "live" if alive(holder["pid"], holder.get("pid_start")) else "stale"
+    return (alive or _alive)(holder["pid"], holder.get("pid_start"))
 
 
 def _alive(pid, start):
+    """``live``, ``stale`` (no such process, or another one under that id) or ``unproven``."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
-        return False
+        return "stale"
     except PermissionError:
         pass
-    return start is None or process_start(pid) in (None, start)
+    now = process_start(pid)
+    if start is None or now is None:
+        return "unproven"
+    return "live" if now == start else "stale"
 
 
 def describe(holder):
@@ -70,6 +92,23 @@ def describe(holder):
         return "an unreadable lock file (a run killed while writing it)"
     return (f"{holder.get('user', '?')}@{holder.get('controller', '?')}, ansible-playbook pid {holder.get('pid', '?')}, "
             f"started {holder.get('started', '?')}")
+
+
+def pid_now(holder, name=None):
+    """What runs under the holder's process id now, when it is not ansible-playbook (reused id), else ''."""
+    name = name if name is not None else (process_name(holder["pid"]) if isinstance((holder or {}).get("pid"), int)
+                                         else None)
+    if not name or name.startswith("ansible"):
+        return ""
+    return f" Process id {holder['pid']} now belongs to another program ({name})."
+
+
+# why a lock could be broken, for the warning that names the broken holder
+BROKEN_WHY = {
+    "stale": "its process is gone from this controller",
+    "unproven": "its process cannot be proven alive: no start time to compare with the process under its id",
+    "unknown": "held from another controller or unreadable, not checkable from here",
+}
 
 
 def refusal(cluster, lock_host, path, holder, state, break_asked):
@@ -84,11 +123,18 @@ def refusal(cluster, lock_host, path, holder, state, break_asked):
         why = ("That process is gone from this controller: the run was killed or lost its hosts before it "
                "could give the lock back, and may have left a replacement half done (the next deploy "
                "finishes it or restores the previous container).")
+    elif state == "unproven":
+        why = ("A process has that id on this controller, but it cannot be proven to be that run: "
+               + ("the lock records no process start time (written where /proc is absent, or by an older "
+                  "pd-deploy)" if holder.get("pid_start") is None else
+                  "its start time cannot be read (/proc absent or unreadable)")
+               + "; if no deploy of this cluster runs,")
     else:
         why = ("It cannot be checked from this controller; if no deploy of this cluster runs (check "
                f"with {holder.get('user', 'its user') if holder else 'its owner'} on "
                f"{holder.get('controller', 'that controller') if holder else 'the controller that ran it'}),")
-    return f"{head} {why} Re-run with -e pd_deploy_break_lock=true to break it; this cluster was not touched."
+    return (f"{head}{pid_now(holder) if state != 'unknown' else ''} {why} Re-run with -e pd_deploy_break_lock=true to "
+            "break it; this cluster was not touched.")
 
 
 class ActionModule(ActionBase):
@@ -119,8 +165,12 @@ class ActionModule(ActionBase):
         if break_asked and state != "live":
             got = self._execute_module(module, module_args=dict(args, force=True), task_vars=task_vars)
             if got.get("acquired"):
-                got["msg"] = f"broke the deploy lock of cluster {args.get('cluster')} held by {describe(holder)}"
+                got["msg"] = (f"broke the deploy lock of cluster {args.get('cluster')} held by {describe(holder)} "
+                              f"({BROKEN_WHY[state]}){pid_now(holder) if state != 'unknown' else ''}")
                 display.warning(got["msg"])
             result.update(got)
             return result
-        raise AnsibleActionFail(refusal(args.get("cluster"), host, got.get("path"), holder, state, break_asked))
+        # lock_refused: the deploy's report says this cluster was not touched, held by that run
+        raise AnsibleActionFail(refusal(args.get("cluster"), host, got.get("path"), holder, state, break_asked),
+                                result={"lock_refused": True, "cluster": args.get("cluster"), "holder": holder,
+                                        "holder_state": state, "held_by": describe(holder)})

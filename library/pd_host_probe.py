@@ -34,6 +34,8 @@ options:
         hccn.conf, read as text), C(devices) (NPU indices: C(-link), C(-net_health), C(-ip) and C(-tls) are read
         for each) and C(ping) (list of C(device), C(address): C(-ping -g address) from that NPU).
       - Judged on the controller by the pd_hccn_problems and pd_hccn_ping_problems filters.
+      - A query that gives no answer (rc not 0, or no output) is asked again, up to 3 tries 1 s apart; a
+        ping only when it printed nothing. Each result says how many tries were made.
     type: dict
     default: {}
   compat:
@@ -131,8 +133,8 @@ image_refs:
   returned: always
 hccn:
   description: With O(hccn), tool_error (why hccn_tool could not run, or empty), conf (hccn.conf text or null),
-    devices ({"N" -> {link, net_health, ip, tls} each rc, stdout, stderr}), ping (device, address, rc, stdout,
-    stderr), skipped (why no hccn_tool call was made: only hccn.conf was read); null without O(hccn).
+    devices ({"N" -> {link, net_health, ip, tls} each rc, stdout, stderr, tries}), ping (device, address, rc, stdout,
+    stderr, tries), skipped (why no hccn_tool call was made: only hccn.conf was read); null without O(hccn).
   type: dict
   returned: always
 skipped_checks:
@@ -160,6 +162,7 @@ wiring:
 import json
 import os
 import stat as stat_mod
+import time
 import urllib.parse
 from concurrent.futures import ThreadPoolExecutor
 
@@ -309,6 +312,34 @@ def run_compat(socket_path, spec):
 
 HCCN_QUERIES = ("link", "net_health", "ip", "tls")
 HCCN_WORKERS = 8
+# a loaded host's hccn_tool sometimes answers nothing (rc 0, no output) or fails once: a query is asked
+# again, a bounded number of times, before its answer is judged (issue 20: a precheck failed on one)
+HCCN_TRIES = 3
+HCCN_RETRY_PAUSE_S = 1.0
+
+
+def answered(result):
+    """An hccn_tool query answered: rc 0 and some output."""
+    return result.get("rc") == 0 and bool((result.get("stdout") or "").strip())
+
+
+def said_something(result):
+    """A ping answered (success or its failure, which is the reading): any output at all."""
+    return bool((result.get("stdout") or "").strip() or (result.get("stderr") or "").strip())
+
+
+def ask_again(call, tries=None, pause=None, sleep=time.sleep, done=answered):
+    """``call()`` (an hccn_tool run: {rc, stdout, stderr}) until ``done(result)``, at most ``tries`` times
+    with ``pause`` seconds between; the last result, with ``tries`` (how many were made)."""
+    tries = HCCN_TRIES if tries is None else tries
+    pause = HCCN_RETRY_PAUSE_S if pause is None else pause
+    for attempt in range(1, max(1, tries) + 1):
+        result = call()
+        if done(result):
+            break
+        if attempt < tries:
+            sleep(pause)
+    return dict(result, tries=attempt)
 
 
 def run_hccn(module, spec, skip=""):
@@ -330,19 +361,25 @@ def run_hccn(module, spec, skip=""):
         out["tool_error"] = f"{tool} is missing or not executable"
         return out
 
-    def run(*args):
+    def run_once(args):
         try:
             rc, stdout, stderr = module.run_command([tool, *map(str, args)], handle_exceptions=False)
         except OSError as exc:
             return {"rc": 127, "stdout": "", "stderr": str(exc)}
         return {"rc": rc, "stdout": stdout, "stderr": stderr}
 
+    def run(*args):
+        return ask_again(lambda: run_once(args))
+
+    def ping(*args):
+        return ask_again(lambda: run_once(args), done=said_something)
+
     # hccn_tool answers one NPU per call and -ping waits for its replies: run the calls side by side
     devs = [str(d) for d in spec.get("devices") or []]
     pings = list(spec.get("ping") or [])
     with ThreadPoolExecutor(max_workers=HCCN_WORKERS) as pool:
         queries = {(d, q): pool.submit(run, "-i", d, f"-{q}", "-g") for d in devs for q in HCCN_QUERIES}
-        pinged = [pool.submit(run, "-i", t["device"], "-ping", "-g", "address", t["address"]) for t in pings]
+        pinged = [pool.submit(ping, "-i", t["device"], "-ping", "-g", "address", t["address"]) for t in pings]
         out["devices"] = {d: {q: queries[(d, q)].result() for q in HCCN_QUERIES} for d in devs}
         out["ping"] = [{"device": t["device"], "address": t["address"], **f.result()} for t, f in zip(pings, pinged)]
     return out

@@ -50,6 +50,15 @@ options:
     description: Pause between two rounds of requests.
     type: float
     default: 0.5
+  container:
+    description: The proxy's container name; when the result is not what was asked, Docker is asked whether
+      it runs (C(proxy_down)).
+    type: str
+    default: ""
+  docker_socket:
+    description: Docker's socket on this host, for O(container).
+    type: path
+    default: /var/run/docker.sock
 author: pd-deploy
 """
 
@@ -103,10 +112,15 @@ error:
   description: The proxy's last error, if it did not answer as expected.
   type: str
   returned: always
+proxy_down:
+  description: When the result is not what was asked, why the proxy itself is down (its container exited or
+    is gone, or it does not answer at all), else empty; a message then names the proxy, not the ranks.
+  type: str
+  returned: always
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.pd_drain import drain, restore, wire
+from ansible.module_utils.pd_drain import drain, proxy_down, restore, wire
 
 
 def main():
@@ -120,6 +134,8 @@ def main():
             "isolated": {"type": "list", "elements": "str", "default": []},
             "timeout_s": {"type": "float", "default": 60.0},
             "interval_s": {"type": "float", "default": 0.5},
+            "container": {"type": "str", "default": ""},
+            "docker_socket": {"type": "path", "default": "/var/run/docker.sock"},
         },
         supports_check_mode=True,
         required_if=[("state", "drained", ("role", "instances")), ("state", "restored", ("role", "instances")),
@@ -127,7 +143,8 @@ def main():
     )
     p = module.params
     if module.check_mode:
-        module.exit_json(changed=False, skipped=True, waited_s=0.0, error="", msg="not drained in check mode")
+        module.exit_json(changed=False, skipped=True, waited_s=0.0, error="", proxy_down="",
+                         msg="not drained in check mode")
     url = p["proxy_url"].rstrip("/")
     if p["state"] == "wired":
         result = wire(url, p["want"], p["timeout_s"], p["interval_s"])
@@ -135,6 +152,8 @@ def main():
         result = drain(url, p["role"], p["instances"], p["timeout_s"], p["interval_s"])
     else:
         result = restore(url, p["role"], p["instances"], p["isolated"], p["timeout_s"], p["interval_s"])
+    ok = result.get({"wired": "wired", "drained": "drained", "restored": "restored"}[p["state"]])
+    result["proxy_down"] = "" if ok else proxy_down(url, p["container"], p["docker_socket"])
     module.exit_json(changed=True, **result)
 
 

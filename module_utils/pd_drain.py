@@ -23,7 +23,7 @@ import json
 import re
 import time
 
-from ansible.module_utils.pd_http import request
+from ansible.module_utils.pd_http import container_gone, request
 
 _IN_FLIGHT = re.compile(r"^vllm:num_requests_(?:running|waiting)(?:\{[^}]*\})?\s+([0-9.eE+-]+)\s*$", re.M)
 
@@ -172,3 +172,19 @@ def wire(proxy_url, want, timeout_s, interval_s=0.5, request_timeout=5.0,
             ok = ok and res["restored"]
     out["wired"] = ok
     return out
+
+
+def proxy_down(proxy_url, container="", docker_socket="", timeout=5.0, send=request, gone=container_gone):
+    """Why the proxy itself is down, asked after a drain, restore or wiring that did not end well, or "".
+
+    Its container (when named) exited, died, crash-loops or is gone (Docker's answer), or the proxy does not
+    answer an empty /instances/add (no HTTP answer at all): then the failure is the proxy's, not the ranks'.
+    A proxy that answers (even with an error about an instance) is up: "".
+    """
+    why = gone(docker_socket, container) if container and docker_socket else None
+    if why:
+        return f"its container {container}: {why}"
+    status, _, error = send(f"{proxy_url}/instances/add", "POST", {"type": "prefill", "instances": []}, timeout)
+    if status == 0:
+        return f"it does not answer on {proxy_url} ({error or 'no answer'})"
+    return ""

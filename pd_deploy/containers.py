@@ -2,6 +2,7 @@
 
 import base64
 import binascii
+import json
 import re
 from collections.abc import Mapping
 
@@ -414,7 +415,24 @@ def port_conflicts(specs, in_use, own_running):
     return out
 
 
+def wiring_message(result, host, proxy):
+    """The failure text of a proxy that could not be wired to its cluster's instances (pd_proxy_drain
+    state=wired): the proxy down (``proxy_down``) is named as such; else the instances it did not take."""
+    result = result or {}
+    if result.get("proxy_down"):
+        return (f"{host}: the proxy {proxy} is down ({result['proxy_down']}): the cluster serves no request "
+                "through it. The new ranks are not at fault. Deploy again: the next deploy starts the proxy "
+                "(it does not run its launch spec) with every instance on its command line; if it stops again, "
+                f"read its log (docker logs {proxy} on {host}).")
+    missing = sorted({k for r in (result.get("restores") or {}).values() for k in (r or {}).get("missing") or []})
+    return (f"{host}: the proxy {proxy} could not be wired to the cluster's instances "
+            f"({result.get('error') or 'bound reached'}; added {json.dumps(result.get('added') or {})}, removed "
+            f"{json.dumps(result.get('removed') or {})}, still missing {json.dumps(missing)}). Check that the new ranks "
+            "answer /v1/models, then deploy again.")
+
+
 FILTERS = {
+    "pd_wiring_message": wiring_message,
     "pd_orphans": orphans,
     "pd_clean_log": clean_log,
     "pd_docker_logs": docker_logs,

@@ -55,7 +55,10 @@ def _why(result):
     if not result:
         return "not run"
     lines = ((result.get("stderr") or "") + "\n" + (result.get("stdout") or "")).strip().splitlines()
-    return f"rc {result.get('rc')}: {lines[0]}" if lines else f"rc {result.get('rc')}"
+    why = f"rc {result.get('rc')}: {lines[0]}" if lines else f"rc {result.get('rc')}"
+    # the probe asks again before a reading is judged (pd_host_probe HCCN_TRIES): say how often
+    tries = result.get("tries")
+    return f"{why}, after {tries} tries" if isinstance(tries, int) and tries > 1 else why
 
 
 def device_state(hccn, device):

@@ -126,7 +126,8 @@ def rollout_summary(plan, play_hosts, targets=None, dry_run=False, outcomes=None
     """
     hosts = set(play_hosts or [])
     failed = failed_hosts(targets, outcomes) if targets is not None and outcomes is not None and not dry_run else []
-    out = _failure_head(failed, outcomes or {}) if failed else []
+    locked = locked_clusters(outcomes) if failed else {}
+    out = _failure_head(failed, outcomes or {}, locked) if failed else []
     observed = _read_probes(probes or {}) if failed else {}
     changed = set((targets or {}).get("changed") or [])
     for name, summary in plan["clusters"].items():
@@ -136,7 +137,19 @@ def rollout_summary(plan, play_hosts, targets=None, dry_run=False, outcomes=None
         if summary.get("proxy"):
             specs.append((summary["proxy"]["host"], summary["proxy"], f"proxy {summary['proxy']['name']}"))
         if failed and name in changed:
-            out.extend(_cluster_after_failure(name, summary, specs, failed, outcomes or {}, observed))
+            refused = _refused_batch(summary, outcomes or {})
+            if name in locked:
+                # what runs there is the other run's work, not this deploy's: no container is listed
+                out.append(f"{name}: not touched, held by {locked[name]} (its deploy lock, see the message above)")
+            elif refused:
+                out.append(f"{name}: not touched: the deploy stopped at the deploy lock of "
+                           f"{', '.join(sorted(refused))}, held by another run, before this cluster changed")
+            else:
+                out.extend(_cluster_after_failure(name, summary, specs, failed, outcomes or {}, observed))
+            continue
+        if failed and targets is not None:
+            # the prechecks' reading is old news after a failure (a daemon restart, a lost host): read again
+            out.extend(_unchanged_after_failure(name, specs, observed))
             continue
         out.append(_cluster_head(name, targets, changed, dry_run))
         reasons = (targets or {}).get("reasons") or {}
@@ -175,8 +188,50 @@ def _cluster_head(name, targets, changed, dry_run):
     return f"{name}: unchanged (every container runs its launch spec and answered its health URL)"
 
 
-def _failure_head(failed, outcomes):
+def locked_clusters(outcomes):
+    """{cluster: holder in words} of the deploy locks another run held (pd_rollout_outcome.locked)."""
+    out = {}
+    for outcome in (outcomes or {}).values():
+        locked = (outcome or {}).get("locked") if isinstance(outcome, dict) else None
+        if isinstance(locked, dict):
+            out.update({str(k): str(v) for k, v in locked.items()})
+    return out
+
+
+def _refused_batch(summary, outcomes):
+    """The locked clusters that stopped this cluster's batch before it changed, or {} (its hosts'
+    outcomes: a refused lock and nothing else)."""
+    mine = [outcomes.get(h) or {} for h in summary["hosts"] if outcomes.get(h)]
+    if not mine or any(o.get("done") or not o.get("locked") for o in mine):
+        return {}
+    return {k: v for o in mine for k, v in o["locked"].items()}
+
+
+def _refused(failed, outcomes):
+    """Whether the deploy stopped only at deploy locks another run holds: every host of the stopped
+    batch (those with an outcome; later batches have none) records a refused lock."""
+    stopped = [outcomes.get(h) for h in failed if outcomes.get(h)]
+    return bool(stopped) and all(isinstance(o, dict) and o.get("locked") for o in stopped)
+
+
+def failure_message(targets, outcomes):
+    """The deploy's closing failure text (deploy-pd.yml's last task), after the report."""
+    failed = failed_hosts(targets, outcomes)
+    if _refused(failed, outcomes):
+        locked = locked_clusters(outcomes)
+        return (f"The deploy was refused: the deploy lock of {', '.join(sorted(locked))} is held by another run "
+                "(named above); that cluster was not touched by this run. Deploy again once that run has ended "
+                "(a lock whose run is gone or cannot be proven alive: -e pd_deploy_break_lock=true).")
+    return (f"The rollout stopped on {', '.join(failed)}: the failed task's message is above the report. Fix the "
+            "cause and deploy again; the next deploy finishes or rolls back any replacement left half done.")
+
+
+def _failure_head(failed, outcomes, locked):
     stops = [(h, outcomes[h]) for h in failed if (outcomes.get(h) or {}).get("task")]
+    if _refused(failed, outcomes):
+        return [f"DEPLOY REFUSED: the deploy lock of {', '.join(sorted(locked))} is held by another run; "
+                "nothing of its batch was touched",
+                "State of the clusters (read again from their hosts):"]
     if stops:
         host, why = stops[0]
         first = (str(why.get("msg") or "").strip().splitlines() or ["see the failed task above"])[0]
@@ -184,7 +239,7 @@ def _failure_head(failed, outcomes):
     else:
         where = "before its hosts ended their batch (a host was lost or the run was cut short)"
     return [f"DEPLOY FAILED {where}",
-            "State of the clusters after the failure (read again from the hosts of the rolled clusters):"]
+            "State of the clusters after the failure (read again from their hosts):"]
 
 
 def _read_probes(probes):
@@ -230,6 +285,20 @@ def _cluster_after_failure(name, summary, specs, failed, outcomes, observed):
         head = (f"{name}: not rolled out: the deploy stopped before this cluster ({current} of {len(states)}"
                 " containers run their current launch spec)")
     return [head] + lines
+
+
+def _unchanged_after_failure(name, specs, observed):
+    """A cluster the prechecks found running its launch specs (not rolled), after a failed deploy: what
+    its hosts answer now, not what they answered then (a daemon restart stops every container)."""
+    states = [(host, spec, label, _container_state(spec, observed.get(host))) for host, spec, label in specs]
+    good = [s for s in states if s[3] == "current launch spec, running"]
+    if len(good) == len(states):
+        return [f"{name}: unchanged (no change to roll; read again after the failure: every container runs its "
+                "launch spec)"]
+    return ([f"{name}: not rolled out (no change to roll); read again after the failure, {len(good)} of "
+             f"{len(states)} containers run their launch spec, the others:"]
+            + [f"  {label} on {host} port {spec['ports']['http']}: {state}" for host, spec, label, state in states
+               if state != "current launch spec, running"])
 
 
 def _container_state(spec, seen):
@@ -311,6 +380,7 @@ FILTERS = {
     "pd_build_files": build_files,
     "pd_rollout_summary": rollout_summary,
     "pd_rollout_failed_hosts": failed_hosts,
+    "pd_rollout_failure_message": failure_message,
     "pd_plan_failure_message": plan_failure_message,
     "pd_plan_report": plan_report,
     "pd_capacity_lines": capacity_lines,

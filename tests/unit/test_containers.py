@@ -1,5 +1,7 @@
 """pd_deploy.containers: what the container role decides from Docker's and the host's answers."""
 
+import copy
+
 import pytest
 
 from pd_deploy import containers
@@ -347,3 +349,85 @@ def test_moved_image_warnings_name_cluster_containers_tag_both_images_and_the_fi
     # another cluster, or another image pair, is its own warning
     assert len(containers.moved_image_warnings([move, dict(move, cluster="cb")])) == 2
     assert containers.moved_image_warnings([]) == []
+
+
+# ---- the replacement's order of operations (roles/pd_container/tasks/preserve.yml) ---------------
+
+def _run_tasks(tasks, host, name):
+    """Apply the Docker effects of preserve.yml's tasks to ``host`` ({name: {running, policy}})."""
+    import re
+    for task in tasks:
+        text = yaml_dump(task).replace("{{ _pd_old }}", name)
+        if "community.docker.docker_container" in task:
+            args = yaml_load(text)["community.docker.docker_container"]
+            if args["state"] == "absent":
+                host.pop(args["name"], None)
+            elif args["state"] == "stopped":
+                host[args["name"]]["running"] = False
+            else:
+                raise AssertionError(f"unexpected docker_container state {args['state']}")
+            yield copy.deepcopy(host)
+            continue
+        args = yaml_load(text)["ansible.builtin.uri"]
+        url = re.fullmatch(r"http://localhost/containers/([^/]+)/(update|rename)(?:\?name=(.+))?", args["url"])
+        assert url, f"unexpected Docker API call {args['url']}"
+        target, call, new = url.groups()
+        if call == "update":
+            host[target]["policy"] = args["body"]["RestartPolicy"]["Name"]
+        else:
+            host[new] = host.pop(target)
+        yield copy.deepcopy(host)
+
+
+def yaml_load(text):
+    import yaml
+    return yaml.safe_load(text)
+
+
+def yaml_dump(data):
+    import yaml
+    return yaml.safe_dump(data, sort_keys=False)
+
+
+@pytest.mark.parametrize("policy", ["always", "unless-stopped", "on-failure"])
+def test_no_kill_point_of_a_replacement_leaves_a_previous_container_that_restarts_by_itself(policy):
+    """A run SIGKILLed after any task of preserve.yml: whatever is named <name>-previous has policy no
+    (issue 20: a kill right after the rename left it unless-stopped)."""
+    from pathlib import Path
+    tasks = yaml_load((Path(__file__).resolve().parents[2] / "roles/pd_container/tasks/preserve.yml").read_text())
+    host = {"r": {"running": True, "policy": policy}, "r-previous": {"running": False, "policy": "no"}}
+    states = [copy.deepcopy(host)] + list(_run_tasks(tasks, host, "r"))
+    assert len(states) == len(tasks) + 1, "a task of preserve.yml this test does not model"
+    seen_previous = False
+    for state in states:
+        if "r-previous" in state:
+            seen_previous = True
+            assert state["r-previous"]["policy"] == "no" and not state["r-previous"]["running"], state
+    assert seen_previous and "r" not in host  # the replacement did keep it
+
+
+def test_the_next_run_sets_policy_no_on_every_previous_container_it_finds():
+    """A -previous left with another policy (an older pd-deploy, a hand rename) is fixed by the next run:
+    every kept name is in the plan's previous list, which apply.yml updates to policy no."""
+    s = spec("r", "new")
+    for observed in ([seen("r-previous", "old", running=False)],                       # killed after the rename
+                     [seen("r-previous", "old", running=False), seen("r", "new")],     # killed in the wait
+                     [seen("r-previous", "old", running=False), seen("r", "new", running=False)],
+                     [seen("r-previous", "older", running=False), seen("r", "old")]):  # stale previous
+        assert containers.replacement_plan([s], observed)["previous"] == ["r"], observed
+
+
+def test_a_wiring_that_failed_because_the_proxy_is_down_names_the_proxy_not_the_ranks():
+    """Issue 20: with the proxy container killed the message said "Check that the new ranks answer /v1/models"."""
+    down = {"wired": False, "error": "ConnectionRefusedError: [Errno 111] Connection refused", "added": {},
+            "removed": {}, "restores": {}, "proxy_down": "its container pd-c-proxy: container exited (exit code 137)"}
+    text = containers.wiring_message(down, "c-p0", "pd-c-proxy")
+    assert text.startswith("c-p0: the proxy pd-c-proxy is down (its container pd-c-proxy: container exited "
+                           "(exit code 137))")
+    assert "/v1/models" not in text and "not at fault" in text and "docker logs pd-c-proxy on c-p0" in text
+    # the proxy answers but does not take a new rank: then the ranks are the question
+    slow = {"wired": False, "error": "", "added": {"decode": ["10.0.0.2:8200"]}, "removed": {}, "proxy_down": "",
+            "restores": {"decode": {"missing": ["10.0.0.2:8200"]}}}
+    text = containers.wiring_message(slow, "c-p0", "pd-c-proxy")
+    assert "Check that the new ranks answer /v1/models" in text and 'still missing ["10.0.0.2:8200"]' in text
+    assert "bound reached" in text and "is down" not in text

@@ -33,11 +33,45 @@ def test_holder_state_live_stale_or_unknown():
     assert action.holder_state(dict(mine, pid=2 ** 22 + 7), me) == "stale"
     assert action.holder_state(dict(mine, controller="other"), me) == "unknown"
     assert action.holder_state({}, me) == "unknown"
+    # a process under that id, but nothing to compare its start time with: cannot be proven alive
+    assert action.holder_state({k: v for k, v in mine.items() if k != "pid_start"}, me) == "unproven"
+    assert action.holder_state(dict(mine, pid_start=None), me) == "unproven"
+
+
+def test_holder_state_without_proc_is_unproven_not_live(monkeypatch):
+    """Where /proc cannot be read the process under the id cannot be compared: breakable, never live."""
+    me = socket.gethostname()
+    monkeypatch.setattr(action, "process_start", lambda pid: None)
+    assert action.holder_state({"controller": me, "pid": os.getpid(), "pid_start": 12345}, me) == "unproven"
+
+
+@pytest.fixture
+def sleeper():
+    proc = subprocess.Popen(["sleep", "120"])
+    yield proc
+    proc.kill()
+    proc.wait()
+
+
+def test_a_lock_without_start_time_whose_pid_is_reused_is_unproven_and_says_so(sleeper):
+    me = socket.gethostname()
+    holder = {"user": "sre", "controller": me, "pid": sleeper.pid, "started": "2026-12-01T10:02:00Z"}
+    state = action.holder_state(holder, me)
+    assert state == "unproven"
+    text = action.refusal("cluster_a", "a-p0", "/l/cluster_a.lock", holder, state, True)
+    assert f"Process id {sleeper.pid} now belongs to another program (sleep)." in text
+    assert "cannot be proven to be that run: the lock records no process start time" in text
+    assert "pd_deploy_break_lock=true" in text and "alive" not in text
+    # a recorded start time that differs: the id was reused, the holder is gone (and the program named)
+    stale = dict(holder, pid_start=(action.process_start(sleeper.pid) or 0) + 1)
+    assert action.holder_state(stale, me) == "stale"
+    assert "now belongs to another program (sleep)" in action.refusal("c", "h", "/l", stale, "stale", False)
 
 
 @pytest.mark.parametrize("state, says", [
     ("live", "still going on this controller"),
     ("stale", "the run was killed or lost its hosts"),
+    ("unproven", "cannot be proven to be that run"),
     ("unknown", "cannot be checked from this controller"),
 ])
 def test_refusal_names_cluster_host_holder_and_the_way_out(state, says):
@@ -92,6 +126,20 @@ def test_a_live_holder_is_never_broken_and_another_run_cannot_release_it(tmp_pat
     assert "does not break the lock of a run that is alive" in refused["msg"]
     released = lock(tmp_path, state="released")
     assert not released.get("failed") and not released["changed"] and path.exists()
+
+
+@pytest.mark.ansible
+def test_a_lock_without_start_time_held_under_a_reused_pid_is_broken_with_the_switch(tmp_path, sleeper):
+    old = {"run_id": "old", "controller": socket.gethostname(), "user": "sre", "pid": sleeper.pid,
+           "started": "2026-12-01T10:02:00Z"}  # no pid_start: an older pd-deploy, or no /proc
+    path = tmp_path / "cluster_a.lock"
+    path.write_text(json.dumps(old))
+    refused = lock(tmp_path)
+    assert refused["failed"] and "cannot be proven to be that run" in refused["msg"]
+    assert "now belongs to another program (sleep)" in refused["msg"]
+    broke = lock(tmp_path, "-e", "pd_deploy_break_lock=true")
+    assert broke["acquired"] and broke["broken"] == old
+    assert "cannot be proven alive" in broke["msg"] and "(sleep)" in broke["msg"]
 
 
 @pytest.mark.ansible

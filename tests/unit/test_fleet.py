@@ -596,6 +596,68 @@ def test_a_cluster_the_failed_deploy_never_reached_says_so():
     assert sum("MISSING (no container)" in line for line in lines) == 12
 
 
+def test_a_deploy_refused_by_another_runs_lock_reports_only_not_touched_held_by():
+    """Issue 20: the refused cluster was reported "FAILED during its rollout" with the other run's
+    leftover -previous, and the closing message asked to fix the cause."""
+    from pd_deploy import report
+    plan = fleet.plan_fleet(example_fleet())
+    targets = fleet.rollout_targets(plan, {h: {"containers": []} for h in HOSTS}, HOSTS)
+    held = "sre@ctl-other, ansible-playbook pid 4242, started 2026-12-01T10:02:00Z"
+    refused = {"done": False, "task": "Take the deploy lock of each cluster of this batch",
+               "msg": "cluster cluster_b: its deploy lock ... held by another run", "locked": {"cluster_b": held}}
+    # cluster_a's batch ended; cluster_b's batch stopped at its lock (every host of the batch records it)
+    outcomes = {"a-p0": {"done": True}, "a-d0": {"done": True}, "b-p0": refused,
+                "b-d0": dict(refused, task="", msg=""), "b-d1": dict(refused, task="", msg="")}
+    # what runs on cluster_b is the other run's work: a replacement half done
+    after = converged_probes(plan)
+    name = plan["hosts"]["b-d0"]["specs"][0]["name"]
+    after["b-d0"]["containers"].append({"name": name + "-previous", "state": "exited", "running": False, "hash": "x"})
+    lines = report.rollout_summary(plan, HOSTS, targets, outcomes=outcomes, probes=after)
+    assert lines[0].startswith("DEPLOY REFUSED: the deploy lock of cluster_b is held by another run")
+    assert f"cluster_b: not touched, held by {held} (its deploy lock, see the message above)" in lines
+    assert not any("FAILED" in line or "leftover" in line or "cluster_b-" in line for line in lines), lines
+    assert "cluster_a: rolled out before the failure" in lines
+    message = report.failure_message(targets, outcomes)
+    assert "held by another run" in message and "not touched" in message and "Fix the cause" not in message
+    # a batch of two clusters stopped at one's lock: the other one was not touched either
+    both = {h: dict(refused, locked={"cluster_a": held}) for h in HOSTS}
+    lines = report.rollout_summary(plan, HOSTS, targets, outcomes=both, probes=after)
+    assert "cluster_b: not touched: the deploy stopped at the deploy lock of cluster_a, held by another run, " \
+           "before this cluster changed" in lines
+    # a lock refused in a later batch, after a failure elsewhere, is not the whole story: the usual message
+    mixed = dict(outcomes, **{"a-p0": {"done": False, "task": "Roll", "msg": "boom"}})
+    assert report.failure_message(targets, mixed).startswith("The rollout stopped on a-p0")
+
+
+def test_after_a_failure_a_cluster_left_alone_is_reported_from_its_hosts_read_again():
+    """Issue 20: after a daemon restart the untouched cluster was reported "unchanged (every container
+    answered its health URL)" from the prechecks' reading while all its containers were stopped."""
+    from pd_deploy import report
+    plan = fleet.plan_fleet(example_fleet())
+    before = converged_probes(plan)
+    before["b-d0"]["containers"] = []  # only cluster_b changes; cluster_a is left alone
+    targets = fleet.rollout_targets(plan, before, HOSTS)
+    assert targets["changed"] == ["cluster_b"]
+    outcomes = {"b-p0": {"done": False, "task": "Roll", "msg": "Docker did not answer"}, "b-d0": {}, "b-d1": {}}
+    after = converged_probes(plan)
+    for c in after["a-d0"]["containers"]:
+        c.update(running=False, state="exited")  # the daemon restart stopped them
+    lines = report.rollout_summary(plan, HOSTS, targets, outcomes=outcomes, probes=after)
+    assert not any("answered its health URL" in line for line in lines), lines
+    head = next(line for line in lines if line.startswith("cluster_a"))
+    assert head.startswith("cluster_a: not rolled out (no change to roll); read again after the failure, ")
+    stopped = [line for line in lines if line.endswith("current launch spec, NOT running (exited)")]
+    assert stopped and all(" on a-d0 port " in line for line in stopped)
+    # not read again (its host did not answer): not claimed either
+    lines = report.rollout_summary(plan, HOSTS, targets, outcomes=outcomes,
+                                   probes=dict(after, **{"a-d0": {"unreachable": True, "msg": "gone"}}))
+    assert any(line.endswith("unknown (its host could not be read)") and " a-d0 " in line for line in lines)
+    # read again and fine: says so
+    lines = report.rollout_summary(plan, HOSTS, targets, outcomes=outcomes, probes=converged_probes(plan))
+    assert "cluster_a: unchanged (no change to roll; read again after the failure: every container runs its " \
+           "launch spec)" in lines
+
+
 def test_a_successful_or_dry_run_reads_nothing_again():
     from pd_deploy import report
     plan = fleet.plan_fleet(example_fleet())

@@ -132,6 +132,51 @@ class TestHostChecks:
         assert len(msgs) == 4  # link, net_health, ip, tls: each names the driver error
         assert all("rc 255" in m and "dsmi get device info failed" in m for m in msgs)
 
+    def test_a_transient_no_answer_is_asked_again_before_it_fails_a_precheck(self, tmp_path, monkeypatch):
+        """Issue 20: `hccn_tool -i N -link -g gave no answer (rc 0)` failed a precheck on a loaded host."""
+        monkeypatch.setattr(probe_mod, "HCCN_RETRY_PAUSE_S", 0.0)
+        seen = {}
+
+        class Loaded(FakeModule):
+            """The first call of each query answers nothing (rc 0, no output), as a loaded hccn_tool did."""
+
+            def run_command(self, args, handle_exceptions=True):
+                key = tuple(args[1:])
+                seen[key] = seen.get(key, 0) + 1
+                return (0, "", "") if seen[key] == 1 else super().run_command(args, handle_exceptions)
+
+        hccn = probe_mod.run_hccn(Loaded(), {**fake_host(tmp_path, "h"), "devices": [0, 1], "ping": []})
+        assert netchecks.host_problems("h", hccn, [0, 1]) == []
+        assert all(count == 2 for count in seen.values()) and len(seen) == 8
+        assert {r["tries"] for runs in hccn["devices"].values() for r in runs.values()} == {2}
+
+    def test_a_query_that_never_answers_fails_after_its_tries_and_says_how_many(self, tmp_path, monkeypatch):
+        monkeypatch.setattr(probe_mod, "HCCN_RETRY_PAUSE_S", 0.0)
+        calls = []
+
+        class Silent(FakeModule):
+            def run_command(self, args, handle_exceptions=True):
+                calls.append(args)
+                return (0, "", "") if "-link" in args else super().run_command(args, handle_exceptions)
+
+        hccn = probe_mod.run_hccn(Silent(), {**fake_host(tmp_path, "h"), "devices": [4], "ping": []})
+        [msg] = netchecks.host_problems("h", hccn, [4])
+        assert msg.startswith("h: npu 4: hccn_tool -i 4 -link -g gave no answer (rc 0, after 3 tries)")
+        assert sum("-link" in c for c in calls) == probe_mod.HCCN_TRIES == 3
+
+    def test_ask_again_is_bounded_pauses_between_tries_and_stops_at_an_answer(self):
+        pauses, answers = [], iter([{"rc": 0, "stdout": ""}, {"rc": 1, "stdout": "x"}, {"rc": 0, "stdout": "UP"},
+                                    {"rc": 0, "stdout": "never asked"}])
+        got = probe_mod.ask_again(lambda: next(answers), tries=5, pause=0.25, sleep=pauses.append)
+        assert got == {"rc": 0, "stdout": "UP", "tries": 3} and pauses == [0.25, 0.25]
+        pauses.clear()
+        got = probe_mod.ask_again(lambda: {"rc": 0, "stdout": " "}, tries=3, pause=1, sleep=pauses.append)
+        assert got["tries"] == 3 and pauses == [1, 1]  # no pause after the last try
+        # a ping that printed its failure is a reading, not asked again
+        got = probe_mod.ask_again(lambda: {"rc": 1, "stdout": "", "stderr": "timeout"}, sleep=pauses.append,
+                                  done=probe_mod.said_something)
+        assert got["tries"] == 1
+
     def test_missing_tool(self, tmp_path):
         hccn = probe_mod.run_hccn(FakeModule(), {"tool": str(tmp_path / "nope"), "devices": [0]})
         [msg] = netchecks.host_problems("h", hccn, [0])

@@ -206,3 +206,42 @@ def test_wire_adds_new_instances_and_drains_out_dropped_ones(pd, tmp_path):
     finally:
         extra.stop_all()
     assert "error" in pd_drain.listed_instances("http://127.0.0.1:1", timeout=1)
+
+
+def test_a_proxy_that_is_down_is_named_as_such():
+    """Issue 20: with the proxy container killed mid-deploy the message blamed the new ranks."""
+    calls = []
+
+    def refused(url, method, body, timeout):
+        calls.append(url)
+        return 0, b"", "ConnectionRefusedError: [Errno 111] Connection refused"
+
+    def answers(url, method, body, timeout):
+        return 200, json.dumps({"current_prefill_instances": []}).encode(), ""
+
+    exited = {"pd-c-proxy": "container exited (exit code 137)"}
+    gone = exited.get
+    # Docker says why: its container is named with Docker's words, the proxy is not even asked
+    assert pd_drain.proxy_down("http://127.0.0.1:1", "pd-c-proxy", "/s", send=refused,
+                               gone=lambda sock, name: gone(name)) == \
+        "its container pd-c-proxy: container exited (exit code 137)"
+    assert calls == []
+    # the container runs (or Docker cannot say) but nothing answers
+    down = pd_drain.proxy_down("http://127.0.0.1:1", "pd-c-other", "/s", send=refused,
+                               gone=lambda sock, name: gone(name))
+    assert down.startswith("it does not answer on http://127.0.0.1:1 (ConnectionRefused")
+    # a proxy that answers is up, whatever its wiring: the ranks are the question then
+    assert pd_drain.proxy_down("http://127.0.0.1:1", "pd-c-other", "/s", send=answers,
+                               gone=lambda sock, name: None) == ""
+    assert all(url.startswith("http://127.0.0.1:") for url in calls)
+
+
+def test_a_proxy_with_nothing_listening_is_down_for_real():
+    import socket
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]  # bound, not listening: refused
+        url = f"http://127.0.0.1:{port}"
+        out = pd_drain.wire(url, {"prefill": [], "decode": ["127.0.0.1:2"]}, timeout_s=1, interval_s=0.1)
+        assert not out["wired"] and out["error"]
+        assert pd_drain.proxy_down(url).startswith(f"it does not answer on {url}")
