@@ -499,7 +499,7 @@ def plan_fleet(fleet):
         violations.extend(result["violations"])
         for host in hosts:
             address_of[host["name"]] = host["address"]
-            machine_of[host["name"]] = host.get("machine") or host["address"]
+            machine_of[host["name"]] = (host.get("machine"), host["address"])
             plan["hosts"][host["name"]] = {
                 "cluster": name, "role": host["role"], "specs": [], "proxy": None,
                 "npus": host["npus"], "ram_reserve_bytes": host["ram_reserve_bytes"],
@@ -524,7 +524,8 @@ def plan_fleet(fleet):
             "instances": proxy_instances(result["specs"], address_of),
             "drain_timeout_s": ((result.get("cluster") or {}).get("proxy") or {}).get("drain_timeout_s", 0),
         }
-    violations.extend(port_collisions(all_specs, address_of, machine_of))
+    violations.extend(port_collisions(all_specs, address_of, ports.port_spaces(
+        (name, machine, address) for name, (machine, address) in machine_of.items())))
     violations.extend(inventory.machine_violations(
         [h for _, hosts in grouped.values() for h in hosts], all_specs))
     violations.extend(ports.check(window_claims, across_clusters_only=True))

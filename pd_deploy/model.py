@@ -286,10 +286,10 @@ def _hccl_slots(topo):
     """Number the instances on each machine 0, 1, ..: each gets its own HCCL window (host networking:
     the machine's ports, however many host entries or addresses the inventory gives it)."""
     seen = {}
+    spaces = ports.port_spaces((n, h.get("machine"), h.get("address")) for n, h in topo["hosts"].items())
     for inst in topo["instances"]:
         for rank in inst["ranks"]:
-            host = topo["hosts"].get(rank["host"]) or {}
-            owners = seen.setdefault(str(host.get("machine") or rank["address"]), [])
+            owners = seen.setdefault(spaces.get(rank["host"], str(rank["address"])), [])
             if (inst["role"], inst["index"]) not in owners:
                 owners.append((inst["role"], inst["index"]))
             rank["hccl_slot"] = owners.index((inst["role"], inst["index"]))

@@ -100,6 +100,41 @@ def machine_of(topo, host_name, address=None):
     return str(host.get("machine") or host.get("address") or address)
 
 
+def port_spaces(hosts):
+    """{host name: its port space} for ``hosts``, an iterable of (name, machine, address).
+
+    A port is taken in a network namespace: engines use host networking, so every host entry of one
+    machine (``pd_machine``) shares the machine's ports, and so do entries that share an address (one
+    address is one machine's, whatever pd_machine says; the Molecule hosts share 127.0.0.1). Entries
+    linked by either are one space, named after the first machine of it in inventory order.
+    """
+    parent = {}
+
+    def find(node):
+        while parent.setdefault(node, node) != node:
+            parent[node] = parent[parent[node]]
+            node = parent[node]
+        return node
+
+    rows = [(name, str(machine or address), str(address or machine)) for name, machine, address in hosts]
+    for _, machine, address in rows:
+        first, second = find(("machine", machine)), find(("address", address))
+        if first != second:
+            parent[second] = first
+    names = {}
+    for _, machine, _ in rows:
+        names.setdefault(find(("machine", machine)), machine)
+    return {name: names[find(("machine", machine))] for name, machine, _ in rows}
+
+
+def port_space_of(topo, host_name, address=None):
+    """The port space (see port_spaces) of a host entry of a cluster's topology."""
+    hosts = topo.get("hosts") or {}
+    if host_name not in hosts:
+        return str(address)
+    return port_spaces((n, h.get("machine"), h.get("address")) for n, h in hosts.items())[host_name]
+
+
 def _claim(address, host, lo, hi, kind, owner, label, field, where, machine=None):
     return {"address": address, "host": host, "lo": lo, "hi": hi, "kind": kind, "owner": owner,
             "label": label, "field": field, "where": where, "machine": machine or address}
@@ -145,7 +180,7 @@ def claims(cluster, topo, row):
         for rank in inst.get("ranks") or []:
             addr, hname = rank.get("address"), rank.get("host")
             where = where_label(name, role, index, hname)
-            mach = machine_of(topo, hname, addr)
+            mach = port_space_of(topo, hname, addr)
             if is_int(rank.get("port")):
                 out.append(_claim(addr, hname, rank["port"], rank["port"], "http", owner,
                                   f"{rank.get('container')} http", f"{role}.port_base", where, mach))
@@ -187,7 +222,7 @@ def claims(cluster, topo, row):
     if host is not None and is_int(proxy.get("port")):
         out.append(_claim(host.get("address"), host_name, proxy["port"], proxy["port"], "proxy",
                           (name, "proxy", None), "proxy", "proxy.port", f"{name}@{host_name}",
-                          machine_of(topo, host_name)))
+                          port_space_of(topo, host_name)))
     unique = []
     for claim in out:
         if claim not in unique:

@@ -808,7 +808,7 @@ def _kv_claims(ctx):
             continue
         hosts = {}
         for rank in inst.get("ranks") or []:
-            hosts.setdefault(ports.machine_of(ctx["topo"], rank.get("host"), rank.get("address")), rank.get("host"))
+            hosts.setdefault(ports.port_space_of(ctx["topo"], rank.get("host"), rank.get("address")), rank.get("host"))
         for address, host in hosts.items():
             claims.append((address, port, port + dp * tp, role, inst.get("index"), host))
     return claims
@@ -1027,12 +1027,12 @@ def _single_claims(ctx):
     for inst in _instances(ctx):
         role, index = inst.get("role"), inst.get("index")
         for rank in inst.get("ranks") or []:
-            claims.append((ports.machine_of(topo, rank.get("host"), rank.get("address")), rank.get("port"),
+            claims.append((ports.port_space_of(topo, rank.get("host"), rank.get("address")), rank.get("port"),
                            f"{rank.get('container')} http", f"{role}.port_base",
                            _where(ctx, role, index, rank.get("host"))))
         if inst.get("dp_address") is not None:
             first = (inst.get("ranks") or [{}])[0]
-            claims.append((ports.machine_of(topo, first.get("host"), inst.get("dp_address")),
+            claims.append((ports.port_space_of(topo, first.get("host"), inst.get("dp_address")),
                            inst.get("dp_rpc_port"), f"{role} instance {index} dp rpc",
                            f"{role}.dp_rpc_port", _where(ctx, role, index)))
     proxy = ctx["cluster"]["proxy"]
@@ -1040,7 +1040,7 @@ def _single_claims(ctx):
         (n for n, h in ctx["topo"]["hosts"].items() if h.get("role") == "prefill"), None)
     host = ctx["topo"]["hosts"].get(host_name)
     if host is not None:
-        claims.append((ports.machine_of(ctx["topo"], host_name), proxy.get("port"), "proxy", "proxy.port",
+        claims.append((ports.port_space_of(ctx["topo"], host_name), proxy.get("port"), "proxy", "proxy.port",
                        f"{ctx['name']}@{host_name}"))
     return claims
 

@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from pd_deploy import connectors, model, rules, versions
+from pd_deploy import connectors, model, ports, rules, versions
 from pd_deploy.errors import PdError
 
 GIB = 1024 ** 3
@@ -431,6 +431,24 @@ def test_ports_are_the_machines_whatever_addresses_its_hosts_have():
     # two machines may reuse the same ports
     apart = [dict(h, machine=f"m{i}") for i, h in enumerate(hosts)]
     assert hits(check(with_role("decode", kv_port=30004), hosts=apart), "decode.kv_port") == []
+
+
+def test_entries_that_share_an_address_share_its_ports_whatever_pd_machine_says():
+    """One address is one network namespace: two entries on 127.0.0.1 named as two machines (the
+    Molecule hosts) still clash on a port (molecule/reject's kv-port-overlap case: per-machine ports
+    alone let decode's kv range overlap prefill's on the one address)."""
+    hosts = [make_host("m-p0", "prefill", "127.0.0.1", machine="p0"),
+             make_host("m-d0", "decode", "127.0.0.1", machine="d0")]
+    found = hits(check(with_role("decode", kv_port=30004), hosts=hosts), "decode.kv_port", "error")
+    assert found and "on p0" in found[0]["message"], found
+    topo = make_topo(make_cluster(), hosts)
+    assert sorted({r["hccl_slot"] for r in topo["hosts"]["m-d0"]["ranks"]}) == [1]
+
+
+def test_port_spaces_join_entries_linked_by_machine_or_address():
+    spaces = ports.port_spaces([("a", "m1", "10.0.0.1"), ("b", "m1", "10.0.0.2"), ("c", "m2", "10.0.0.2"),
+                                ("d", "m3", "10.0.0.3"), ("e", None, "10.0.0.4")])
+    assert spaces == {"a": "m1", "b": "m1", "c": "m1", "d": "m3", "e": "10.0.0.4"}
 
 
 def test_kv_port_ranges_between_instances_of_a_role():
