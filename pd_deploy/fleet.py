@@ -626,6 +626,15 @@ def cluster_batch_size(value, clusters, parallel=False):
                   f"{value!r} is neither a number of clusters (1 or more) nor a percentage", _BATCH_FIX)
 
 
+def cluster_batch_problem(value, parallel=False):
+    """The refusal of ``pd_cluster_batch`` as a message ('' when it is fine), for a plain fail task."""
+    try:
+        cluster_batch_size(value, 1, parallel)
+    except PdError as err:
+        return str(err)
+    return ""
+
+
 def rollout_batches(play_hosts, hosts, per=1):
     """The play's ``serial`` list: sizes of runs of ``per`` consecutive clusters of ``play_hosts``
     (a cluster's hosts are consecutive in the play), the last batch holding what is left."""
@@ -723,5 +732,5 @@ FILTERS = {
     "pd_rollout_targets": rollout_targets,
     "pd_lock_hosts": lock_hosts,
     "pd_rollout_waves": rollout_waves,
-    "pd_cluster_batch_size": cluster_batch_size,
+    "pd_cluster_batch_problem": cluster_batch_problem,
 }

@@ -721,6 +721,12 @@ def test_a_bad_cluster_batch_is_refused_with_the_fix(value):
     assert "pd_cluster_batch" in text and repr(value) in text and "-e pd_cluster_batch=N" in text
 
 
+def test_the_playbook_check_gets_the_refusal_as_a_message():
+    assert fleet.cluster_batch_problem("25%") == "" and fleet.cluster_batch_problem(2) == ""
+    assert fleet.cluster_batch_problem("two").startswith("deploy-pd.yml: pd_cluster_batch: 'two' is neither")
+    assert "pd_parallel_clusters=true" in fleet.cluster_batch_problem("2", True)
+
+
 def test_a_cluster_batch_with_parallel_clusters_is_refused_and_parallel_alone_is_every_cluster():
     assert fleet.cluster_batch_size(None, 3, parallel=True) == 3
     with pytest.raises(PdError) as err:
