@@ -543,17 +543,23 @@ def rollout_waves(plan, cluster, role, probes):
     """The order in which a rollout replaces the ``role`` ranks of ``cluster`` (the same on every host).
 
     ``role`` is "decode", "prefill" or "all" (both: what pd_rollout passes). ``probes`` is {host:
-    pd_host_probe result} of the batch. Ranks with nothing to do are left out. Instances with no rank
-    running, or all of a role when the cluster's proxy is not running or the role has a single
-    instance (nothing else could serve meanwhile), start together in a first wave without drain: on a
-    first deploy or a change of every instance (version row, image) the prefill and decode ranks of the
-    cluster start in that one wave and are health-waited together. No order between prefill and decode
-    is needed at start (docs/design.md, "Rollout waves"): the decode side pulls KV from prefill per
-    request, and the proxy routes only once both answer. Each other instance (a rank of it serves
-    behind the running proxy) is a wave of its own: taken out of the proxy, drained, replaced,
-    health-checked, put back, one instance at a time, so that the role's other instances keep
-    serving. Returns [{label, role, names, drain: [proxy keys], proxy_host, proxy_url, timeout_s}]
-    (role: the role the wave drains, or the roles of the first wave joined with "+").
+    pd_host_probe result} of the batch. Ranks with nothing to do are left out. Waves, of every role
+    together where nothing orders them (docs/design.md, "Rollout waves": decode pulls the KV of each
+    request from prefill, the proxy routes only once both answer):
+
+    1. the ranks of instances with nothing serving behind the running proxy (a first deploy, a stopped
+       cluster, the proxy not running, new instances) start together, without drain;
+    2. each instance serving behind the running proxy while its role has others is a wave of its own:
+       taken out of the proxy, drained, replaced, health-checked, put back, one instance at a time, so
+       that the role's other instances keep serving (decode instances, then prefill);
+    3. the serving ranks of a role that cannot be drained (a single instance: the proxy keeps picking it
+       even when isolated; or drain_timeout_s 0) are replaced together last, after every drained wave
+       passed: their replacement interrupts the role, and a failed wave before it leaves them serving.
+
+    Without drain waves 1 and 3 are one wave: a version row or image change of a cluster with one
+    instance per role replaces its prefill and decode ranks together. Returns [{label, role, names,
+    drain: [proxy keys], proxy_host, proxy_url, timeout_s}] (role: the role the wave drains, or the
+    roles of the wave joined with "+").
     """
     roles = list(ENGINE_ROLES) if role == "all" else [role]
     summary = plan["clusters"][cluster]
@@ -561,7 +567,7 @@ def rollout_waves(plan, cluster, role, probes):
     seen = {h: {c["name"]: c for c in (p or {}).get("containers") or []} for h, p in (probes or {}).items()}
     proxy_up = bool(proxy) and bool((seen.get(proxy["host"], {}).get(proxy["name"]) or {}).get("running"))
     timeout = summary.get("drain_timeout_s") or 0
-    fresh, fresh_roles, waves = [], [], []
+    fresh, undrained, waves = {}, {}, []
     for one in roles:
         instances = (summary.get("instances") or {}).get(one, [])
         # with one instance nothing else serves the role: the proxy keeps picking it even when isolated,
@@ -581,12 +587,17 @@ def rollout_waves(plan, cluster, role, probes):
                 waves.append({"label": f"{one} instance {inst['instance']}", "role": one, "names": todo,
                               "drain": [r["key"] for r in inst["ranks"]]})
             else:
-                fresh.extend(todo)
-                if one not in fresh_roles:
-                    fresh_roles.append(one)
-    first = [{"label": f"{' and '.join(fresh_roles)} ranks started together", "role": "+".join(fresh_roles),
-              "names": fresh, "drain": []}] if fresh else []
-    out = first + waves
+                (undrained if proxy_up and serving else fresh).setdefault(one, []).extend(todo)
+
+    def together(groups, how):
+        return [{"label": f"{' and '.join(groups)} ranks {how}", "role": "+".join(groups),
+                 "names": [n for names in groups.values() for n in names], "drain": []}] if groups else []
+
+    if not waves:
+        merged = {one: fresh.get(one, []) + undrained.get(one, []) for one in roles if one in fresh or one in undrained}
+        out = together(merged, "started together")
+    else:
+        out = together(fresh, "started together") + waves + together(undrained, "replaced without drain (no other instance serves their role)")
     for wave in out:
         wave.update(proxy_host=proxy["host"] if proxy else None, timeout_s=timeout,
                     proxy_url=f"http://127.0.0.1:{proxy['ports']['http']}" if proxy else None)

@@ -683,10 +683,11 @@ def test_a_first_deploy_starts_prefill_and_decode_in_one_wave():
     assert {s["role"] for h in ("b-p0", "b-d0", "b-d1") for s in plan["hosts"][h]["specs"]} == {"prefill", "decode"}
 
 
-def test_a_change_of_every_instance_starts_single_instances_together_and_drains_the_others():
-    # two decode instances serving behind the running proxy, one prefill instance: the prefill rank
-    # (nothing else serves its role, no drain) starts in the first wave, each decode instance is drained
-    # and replaced on its own after it, with its role for the proxy's /instances calls
+def test_a_change_of_every_instance_drains_what_it_can_first_and_replaces_single_instances_last():
+    # two decode instances serving behind the running proxy, one prefill instance: each decode instance
+    # is drained and replaced on its own, with its role for the proxy's /instances calls; the prefill
+    # rank (nothing else serves its role: no drain) is replaced after them, so that a failed decode wave
+    # leaves it serving
     b = cluster_b()
     b["decode"] = {"instances": 2, "dp": 2, "engine": {"block_size": 128}}
     plan = fleet.plan_fleet(example_fleet(b=b))
@@ -698,11 +699,27 @@ def test_a_change_of_every_instance_starts_single_instances_together_and_drains_
     waves = _waves(plan, probes, role="all")
     prefill = [s["name"] for s in plan["hosts"]["b-p0"]["specs"] if s["role"] == "prefill"]
     assert [(w["label"], w["role"], bool(w["drain"])) for w in waves] == [
-        ("prefill ranks started together", "prefill", False),
-        ("decode instance 0", "decode", True), ("decode instance 1", "decode", True)]
-    assert waves[0]["names"] == prefill
+        ("decode instance 0", "decode", True), ("decode instance 1", "decode", True),
+        ("prefill ranks replaced without drain (no other instance serves their role)", "prefill", False)]
+    assert waves[-1]["names"] == prefill
     # one role at a time still works (and keeps its waves)
     assert [w["label"] for w in _waves(plan, probes, role="decode")] == ["decode instance 0", "decode instance 1"]
+
+
+def test_an_upgrade_of_one_instance_per_role_replaces_prefill_and_decode_in_one_wave():
+    # the version row / image case: every rank serving, one instance per role, nothing to drain:
+    # prefill and decode are replaced together (one engine load, not two)
+    plan = fleet.plan_fleet(example_fleet())
+    probes = converged_probes(plan)
+    for host in ("b-p0", "b-d0", "b-d1"):
+        for c in probes[host]["containers"]:
+            if c["name"] != plan["clusters"]["cluster_b"]["proxy"]["name"]:
+                c["hash"] = "older"
+    waves = _waves(plan, probes, role="all")
+    names = [s["name"] for h in ("b-p0", "b-d0", "b-d1") for s in plan["hosts"][h]["specs"]]
+    assert [(w["label"], w["role"], w["drain"]) for w in waves] == [
+        ("decode and prefill ranks started together", "decode+prefill", [])]
+    assert sorted(waves[0]["names"]) == sorted(names)
 
 
 @pytest.mark.parametrize("value, clusters, want", [
