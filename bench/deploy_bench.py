@@ -133,7 +133,8 @@ def main(argv=None):
     # cluster costs its slowest engine start, not the sum of its roles' (the decode-first rollout paid
     # 2 start delays per cluster); clusters in turn add up, clusters in parallel are one wave.
     waves = {cluster: [{"prefill": args.delay, "decode": args.delay}] for cluster in CLUSTERS}
-    per_cluster = {cluster: sum(max(wave.values()) for wave in cluster_waves) for cluster, cluster_waves in waves.items()}
+    per_cluster = {cluster: sum(max(wave.values()) for wave in cluster_waves)
+                   for cluster, cluster_waves in waves.items()}
     floor_serial = sum(per_cluster.values())
     floor_parallel = max(per_cluster.values())
     print(f"\npd-deploy deploy bench: {len(CLUSTERS)} clusters x (1 P + 1 D host), stand-in start delay "

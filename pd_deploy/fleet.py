@@ -597,7 +597,8 @@ def rollout_waves(plan, cluster, role, probes):
         merged = {one: fresh.get(one, []) + undrained.get(one, []) for one in roles if one in fresh or one in undrained}
         out = together(merged, "started together")
     else:
-        out = together(fresh, "started together") + waves + together(undrained, "replaced without drain (no other instance serves their role)")
+        out = (together(fresh, "started together") + waves
+               + together(undrained, "replaced without drain (no other instance serves their role)"))
     for wave in out:
         wave.update(proxy_host=proxy["host"] if proxy else None, timeout_s=timeout,
                     proxy_url=f"http://127.0.0.1:{proxy['ports']['http']}" if proxy else None)

@@ -752,7 +752,8 @@ def test_a_cluster_batch_with_parallel_clusters_is_refused_and_parallel_alone_is
 
 
 def test_cluster_batches_group_whole_clusters_in_play_order():
-    hosts = {f"{c}-{i}": {"cluster": c} for c, n in (("a", 2), ("b", 3), ("c", 1), ("d", 2), ("e", 1)) for i in range(n)}
+    sizes = (("a", 2), ("b", 3), ("c", 1), ("d", 2), ("e", 1))
+    hosts = {f"{c}-{i}": {"cluster": c} for c, n in sizes for i in range(n)}
     play = list(hosts)
     assert fleet.rollout_batches(play, hosts) == [2, 3, 1, 2, 1]
     assert fleet.rollout_batches(play, hosts, 2) == [5, 3, 1]
