@@ -44,6 +44,8 @@ def runs(tmp_path_factory, ansible_home):
                         "-e", f"pd_plan_build_dir={build}/t"],
         "three": ["playbooks/validate.yml", "-i", str(three), "-e", f"pd_plan_build_dir={build}/3"],
         "local_validate": ["validate.yml", "-e", f"pd_plan_build_dir={build}/v"],
+        "bad_batch": ["playbooks/deploy-pd.yml", "-i", EXAMPLE, "-e", "pd_cluster_batch=0",
+                      "-e", f"pd_plan_build_dir={build}/b"],
     }
     return run_playbooks(jobs, ansible_home), build
 
@@ -116,3 +118,12 @@ def test_a_fleet_inventory_is_named_and_not_called_the_demo(runs):
     text = flat(run)
     assert "Checking the inventory " in text and "/three (" in text, text[-3000:]
     assert "embedded demo inventory" not in text
+
+
+def test_a_bad_cluster_batch_is_refused_before_any_host_is_probed(runs):
+    run = runs[0]["bad_batch"]
+    assert run.rc != 0, str(run)
+    assert_no_traceback(run)
+    assert "pd_cluster_batch: '0' is neither a number of clusters" in flat(run)
+    assert "-e pd_cluster_batch=N" in flat(run)
+    assert "Read which containers" not in run.output and "pd_prechecks" not in run.output

@@ -752,7 +752,8 @@ def test_a_single_instance_is_not_drained_and_nothing_to_do_is_no_wave():
     # cluster_b has one decode instance: nothing else would serve while it is drained, so no drain
     rank = probes["b-d1"]["containers"][0]
     rank["hash"] = "older"
-    assert _waves(plan, probes) == [{"label": "decode ranks started together", "names": [rank["name"]], "drain": [],
+    assert _waves(plan, probes) == [{"label": "decode ranks started together", "role": "decode",
+                                     "names": [rank["name"]], "drain": [],
                                      "proxy_host": "b-p0", "proxy_url": "http://127.0.0.1:8000", "timeout_s": 60}]
 
 
@@ -790,6 +791,105 @@ def test_several_serving_instances_roll_one_at_a_time_after_the_new_ones():
     # drain_timeout_s 0 turns the drain off: everything starts together
     plan["clusters"]["cluster_b"]["drain_timeout_s"] = 0
     assert [w["drain"] for w in _waves(plan, probes)] == [[]]
+
+
+def test_a_first_deploy_starts_prefill_and_decode_in_one_wave():
+    # no order between P and D (docs/design.md, "Rollout waves"): every engine rank of the cluster in
+    # one wave, without drain; the old rollout ran a decode pass, then a prefill pass
+    plan = fleet.plan_fleet(example_fleet())
+    probes = {h: {"containers": []} for h in HOSTS}
+    waves = _waves(plan, probes, role="all")
+    names = [s["name"] for h in ("b-p0", "b-d0", "b-d1") for s in plan["hosts"][h]["specs"]]
+    assert [(w["label"], w["role"], w["drain"]) for w in waves] == [
+        ("decode and prefill ranks started together", "decode+prefill", [])]
+    assert sorted(waves[0]["names"]) == sorted(names)
+    assert {s["role"] for h in ("b-p0", "b-d0", "b-d1") for s in plan["hosts"][h]["specs"]} == {"prefill", "decode"}
+
+
+def test_a_change_of_every_instance_drains_what_it_can_first_and_replaces_single_instances_last():
+    # two decode instances serving behind the running proxy, one prefill instance: each decode instance
+    # is drained and replaced on its own, with its role for the proxy's /instances calls; the prefill
+    # rank (nothing else serves its role: no drain) is replaced after them, so that a failed decode wave
+    # leaves it serving
+    b = cluster_b()
+    b["decode"] = {"instances": 2, "dp": 2, "engine": {"block_size": 128}}
+    plan = fleet.plan_fleet(example_fleet(b=b))
+    probes = converged_probes(plan)
+    for host in ("b-p0", "b-d0", "b-d1"):
+        for c in probes[host]["containers"]:
+            if c["name"] != plan["clusters"]["cluster_b"]["proxy"]["name"]:
+                c["hash"] = "older"
+    waves = _waves(plan, probes, role="all")
+    prefill = [s["name"] for s in plan["hosts"]["b-p0"]["specs"] if s["role"] == "prefill"]
+    assert [(w["label"], w["role"], bool(w["drain"])) for w in waves] == [
+        ("decode instance 0", "decode", True), ("decode instance 1", "decode", True),
+        ("prefill ranks replaced without drain (no other instance serves their role)", "prefill", False)]
+    assert waves[-1]["names"] == prefill
+    # one role at a time still works (and keeps its waves)
+    assert [w["label"] for w in _waves(plan, probes, role="decode")] == ["decode instance 0", "decode instance 1"]
+
+
+def test_an_upgrade_of_one_instance_per_role_replaces_prefill_and_decode_in_one_wave():
+    # the version row / image case: every rank serving, one instance per role, nothing to drain:
+    # prefill and decode are replaced together (one engine load, not two)
+    plan = fleet.plan_fleet(example_fleet())
+    probes = converged_probes(plan)
+    for host in ("b-p0", "b-d0", "b-d1"):
+        for c in probes[host]["containers"]:
+            if c["name"] != plan["clusters"]["cluster_b"]["proxy"]["name"]:
+                c["hash"] = "older"
+    waves = _waves(plan, probes, role="all")
+    names = [s["name"] for h in ("b-p0", "b-d0", "b-d1") for s in plan["hosts"][h]["specs"]]
+    assert [(w["label"], w["role"], w["drain"]) for w in waves] == [
+        ("decode and prefill ranks started together", "decode+prefill", [])]
+    assert sorted(waves[0]["names"]) == sorted(names)
+
+
+@pytest.mark.parametrize("value, clusters, want", [
+    (None, 4, 1), ("", 4, 1), (2, 4, 2), ("2", 4, 2), (" 3 ", 4, 3), (9, 4, 9),
+    ("25%", 4, 1), ("50%", 4, 2), ("100%", 4, 4), ("10%", 4, 1), ("60%", 5, 3), ("1%", 0, 1),
+])
+def test_the_cluster_batch_is_a_count_or_a_share_of_the_clusters(value, clusters, want):
+    assert fleet.cluster_batch_size(value, clusters) == want
+
+
+@pytest.mark.parametrize("value", [0, "0", -1, "-1", "0%", "101%", "150%", "abc", "2.5", 2.5, True, "25 %", "%", [2]])
+def test_a_bad_cluster_batch_is_refused_with_the_fix(value):
+    with pytest.raises(PdError) as err:
+        fleet.cluster_batch_size(value, 4)
+    text = str(err.value)
+    assert "pd_cluster_batch" in text and repr(value) in text and "-e pd_cluster_batch=N" in text
+
+
+def test_the_playbook_check_gets_the_refusal_as_a_message():
+    assert fleet.cluster_batch_problem("25%") == "" and fleet.cluster_batch_problem(2) == ""
+    assert fleet.cluster_batch_problem("two").startswith("deploy-pd.yml: pd_cluster_batch: 'two' is neither")
+    assert "pd_parallel_clusters=true" in fleet.cluster_batch_problem("2", True)
+
+
+def test_a_cluster_batch_with_parallel_clusters_is_refused_and_parallel_alone_is_every_cluster():
+    assert fleet.cluster_batch_size(None, 3, parallel=True) == 3
+    with pytest.raises(PdError) as err:
+        fleet.cluster_batch_size("2", 3, parallel=True)
+    assert "pd_parallel_clusters=true" in str(err.value) and "pd_cluster_batch=100%" in str(err.value)
+
+
+def test_cluster_batches_group_whole_clusters_in_play_order():
+    sizes = (("a", 2), ("b", 3), ("c", 1), ("d", 2), ("e", 1))
+    hosts = {f"{c}-{i}": {"cluster": c} for c, n in sizes for i in range(n)}
+    play = list(hosts)
+    assert fleet.rollout_batches(play, hosts) == [2, 3, 1, 2, 1]
+    assert fleet.rollout_batches(play, hosts, 2) == [5, 3, 1]
+    assert fleet.rollout_batches(play, hosts, 3) == [6, 3]
+    assert fleet.rollout_batches(play, hosts, 9) == [9]
+    plan = fleet.plan_fleet(example_fleet())
+    fresh = {h: {"containers": []} for h in HOSTS}
+    assert fleet.rollout_targets(plan, fresh, HOSTS, "2")["batches"] == [5]
+    assert fleet.rollout_targets(plan, fresh, HOSTS, "50%")["batches"] == [2, 3]
+    assert fleet.rollout_targets(plan, fresh, HOSTS, None, True)["batches"] == [5]
+    # a bad value is refused even when nothing is to roll
+    with pytest.raises(PdError):
+        fleet.rollout_targets(plan, converged_probes(plan), HOSTS, "0")
 
 
 # ---- elastic P/D: the proxy is re-wired, not recreated ----------------------------------------
