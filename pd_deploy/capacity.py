@@ -250,6 +250,14 @@ def _mapping(value, field, where):
     return value
 
 
+def _entry(table, key, table_field, field, where, fix):
+    """The mapping ``table[key]`` of a data table, or a PdError naming ``field`` and the keys it takes."""
+    table = _mapping(table, table_field, where)
+    if key not in table:
+        raise PdError(where, field, f"{key!r} is not one of {', '.join(sorted(table))}", fix)
+    return _mapping(table[key], f"{table_field}.{key}", where)
+
+
 def weights_per_npu(weights, quantization, tp, dp=1, expert_parallel=True):
     """Estimated weight bytes one NPU of a DP x TP instance holds.
 
@@ -265,11 +273,8 @@ def weights_per_npu(weights, quantization, tp, dp=1, expert_parallel=True):
     """
     where = "pd_weights_per_npu"
     weights = _mapping(weights, "weights", where)
-    table = _mapping(weights.get("quantizations"), "weights.quantizations", where)
-    if quantization not in table:
-        raise PdError(where, "quantization", f"{quantization!r} is not one of {', '.join(sorted(table))}",
-                      "set pd_cluster.model.quantization to a scheme the family's weights data lists")
-    bits = _mapping(table[quantization], f"weights.quantizations.{quantization}", where)
+    bits = _entry(weights.get("quantizations"), quantization, "weights.quantizations", "quantization", where,
+                  "set pd_cluster.model.quantization to a scheme the family's weights data lists")
     check_int(tp, "tp", where, minimum=1)
     check_int(dp, "dp", where, minimum=1)
     experts = check_int(weights.get("n_routed_experts"), "weights.n_routed_experts", where, minimum=1)
@@ -360,11 +365,8 @@ def kv_bytes_per_token(layout, device_family="a2"):
     """
     where = "pd_kv_bytes_per_token"
     layout = _mapping(layout, "kv_cache_layout", where)
-    families = _mapping(layout.get("device_families"), "kv_cache_layout.device_families", where)
-    if device_family not in families:
-        raise PdError(where, "device_family", f"{device_family!r} is not one of {', '.join(sorted(families))}",
-                      "give the device family of the machines (a2: 910B, 8 NPUs; a3: 16 NPUs)")
-    dev = _mapping(families[device_family], f"kv_cache_layout.device_families.{device_family}", where)
+    dev = _entry(layout.get("device_families"), device_family, "kv_cache_layout.device_families", "device_family",
+                 where, "give the device family of the machines (a2: 910B, 8 NPUs; a3: 16 NPUs)")
 
     def num(mapping, key, field):
         return check_int(mapping.get(key), field, where, minimum=0)
