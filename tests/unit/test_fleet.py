@@ -806,6 +806,16 @@ def test_a_first_deploy_starts_prefill_and_decode_in_one_wave():
     assert {s["role"] for h in ("b-p0", "b-d0", "b-d1") for s in plan["hosts"][h]["specs"]} == {"prefill", "decode"}
 
 
+def _cluster_b_ranks_older(plan):
+    """Probes of a converged fleet where every rank of cluster b (not its proxy) runs an older spec."""
+    probes = converged_probes(plan)
+    for host in ("b-p0", "b-d0", "b-d1"):
+        for c in probes[host]["containers"]:
+            if c["name"] != plan["clusters"]["cluster_b"]["proxy"]["name"]:
+                c["hash"] = "older"
+    return probes
+
+
 def test_a_change_of_every_instance_drains_what_it_can_first_and_replaces_single_instances_last():
     # two decode instances serving behind the running proxy, one prefill instance: each decode instance
     # is drained and replaced on its own, with its role for the proxy's /instances calls; the prefill
@@ -814,11 +824,7 @@ def test_a_change_of_every_instance_drains_what_it_can_first_and_replaces_single
     b = cluster_b()
     b["decode"] = {"instances": 2, "dp": 2, "engine": {"block_size": 128}}
     plan = fleet.plan_fleet(example_fleet(b=b))
-    probes = converged_probes(plan)
-    for host in ("b-p0", "b-d0", "b-d1"):
-        for c in probes[host]["containers"]:
-            if c["name"] != plan["clusters"]["cluster_b"]["proxy"]["name"]:
-                c["hash"] = "older"
+    probes = _cluster_b_ranks_older(plan)
     waves = _waves(plan, probes, role="all")
     prefill = [s["name"] for s in plan["hosts"]["b-p0"]["specs"] if s["role"] == "prefill"]
     assert [(w["label"], w["role"], bool(w["drain"])) for w in waves] == [
@@ -833,11 +839,7 @@ def test_an_upgrade_of_one_instance_per_role_replaces_prefill_and_decode_in_one_
     # the version row / image case: every rank serving, one instance per role, nothing to drain:
     # prefill and decode are replaced together (one engine load, not two)
     plan = fleet.plan_fleet(example_fleet())
-    probes = converged_probes(plan)
-    for host in ("b-p0", "b-d0", "b-d1"):
-        for c in probes[host]["containers"]:
-            if c["name"] != plan["clusters"]["cluster_b"]["proxy"]["name"]:
-                c["hash"] = "older"
+    probes = _cluster_b_ranks_older(plan)
     waves = _waves(plan, probes, role="all")
     names = [s["name"] for h in ("b-p0", "b-d0", "b-d1") for s in plan["hosts"][h]["specs"]]
     assert [(w["label"], w["role"], w["drain"]) for w in waves] == [
