@@ -33,7 +33,8 @@ def _strict_integer(checker, instance):
 
     Since draft 6 JSON Schema calls 8000.0 an integer (jsonschema 4.26.0 jsonschema/_types.py
     draft6_type_checker accepts a float whose fraction is 0), but YAML's ``8000.0`` is a Python float:
-    rendered it becomes ``--port 8000.0``, which vLLM's argparse ``int`` / ``human_readable_int`` and the
+    rendered it becomes ``--port 8000.0``, which vLLM's argparse ``int`` / ``human_readable_int`` (vllm@v0.27.1
+    vllm/utils/argparse_utils.py) and the
     proxy's ``type=int`` refuse at start, and every rule that compares ints skipped it. Refused, not
     normalized to 8000: the operator sees the value they wrote in the plan, the rules and the renderer
     keep one type, and ``8000.5`` must be refused anyway (README "Fail closed").

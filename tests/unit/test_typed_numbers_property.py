@@ -7,7 +7,7 @@ parses it, and must give the number the operator meant, with its type:
 
 * vLLM's argparse: ``--port``, ``--max-num-seqs``, ``--data-parallel-rpc-port`` are ``type=int``;
   ``--max-model-len`` / ``--max-num-batched-tokens`` go through ``human_readable_int``, whose plain
-  branch is ``int(value)`` (vllm@v0.27.1 vllm/engine/arg_utils.py); ``--gpu-memory-utilization`` is
+  branch is ``int(value)`` (vllm@v0.27.1 vllm/utils/argparse_utils.py); ``--gpu-memory-utilization`` is
   ``float``. ``int("8000.0")`` raises: such an engine never starts.
 * the PD proxy (vllm-ascend main:examples/disaggregated_prefill_v1/load_balance_proxy_server_example.py
   L672-L690, same at v0.23.0): ``--port`` / ``--max-retries`` ``type=int``, ``--retry-delay`` ``float``.
