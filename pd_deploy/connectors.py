@@ -188,8 +188,8 @@ def kv_transfer_config(role_cfg, cluster, instance, row, offload_bytes):
     role's kv_role (kv_producer on prefill, kv_consumer on decode); one child -> that child's dict.
     No ``engine_id`` anywhere: the engine gives each process its own (docs/design.md "Engine ids are
     born with the process"), so a decode never reuses what it cached about a prefill process that
-    was replaced (a fixed id would be one cache entry for every process that ever held it). ``offload_bytes`` is the offload child's
-    value for one container: ``cpu_bytes_to_use`` for OffloadingConnector, ``cpu_bytes_to_use_per_rank``
+    was replaced (a fixed id would be one cache entry for every process that ever held it).
+    ``offload_bytes`` is the offload child's value for one container: ``cpu_bytes_to_use`` for OffloadingConnector, ``cpu_bytes_to_use_per_rank``
     for RecomputeCPUOffloadConnector; ignored (may be None) when the role has no offload connector.
     The role's ``kv_connector_engine`` (apply_engine_names; null by default) maps the children to an
     engine whose connector names differ (the test inventory of molecule/real-engine: vLLM's CPU build).

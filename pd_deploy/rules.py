@@ -752,8 +752,8 @@ def rule_rendered_kv_transfer_config(ctx):
 
     Mooncake prefill/decode dp_size/tp_size must equal the real P and D topology, kv_role follow
     the role, kv_port the instance, and no engine_id is fixed (_check_no_engine_id); offload
-    children keep their kv_role and the row's spec module. The builders derive these from the same data, so this catches a future bug
-    or a hand-edited spec.
+    children keep their kv_role and the row's spec module. The builders derive these from the same
+    data, so this catches a future bug or a hand-edited spec.
     """
     out = list(ctx["render_problems"])
     for where, role, inst, config in ctx["rendered"]:
