@@ -185,10 +185,11 @@ def kv_transfer_config(role_cfg, cluster, instance, row, offload_bytes):
 
     Children in order [Mooncake, offload] (MultiConnector loads from the first child that has the
     tokens, so the transfer connector comes first). Two children -> ``MultiConnector`` with the
-    role's kv_role (kv_producer on prefill, kv_consumer on decode) and the instance's engine_id;
-    one child -> that child's dict with the instance's engine_id added at its top level (as the
-    vllm-ascend guides write a single Mooncake connector). ``offload_bytes`` is the offload child's
-    value for one container: ``cpu_bytes_to_use`` for OffloadingConnector, ``cpu_bytes_to_use_per_rank``
+    role's kv_role (kv_producer on prefill, kv_consumer on decode); one child -> that child's dict.
+    No ``engine_id`` anywhere: the engine gives each process its own (docs/design.md "Engine ids are
+    born with the process"), so a decode never reuses what it cached about a prefill process that
+    was replaced (a fixed id would be one cache entry for every process that ever held it).
+    ``offload_bytes`` is the offload child's value for one container: ``cpu_bytes_to_use`` for OffloadingConnector, ``cpu_bytes_to_use_per_rank``
     for RecomputeCPUOffloadConnector; ignored (may be None) when the role has no offload connector.
     The role's ``kv_connector_engine`` (apply_engine_names; null by default) maps the children to an
     engine whose connector names differ (the test inventory of molecule/real-engine: vLLM's CPU build).
@@ -202,10 +203,6 @@ def kv_transfer_config(role_cfg, cluster, instance, row, offload_bytes):
         raise PdError(where, "instance.role",
                       f"instance role {instance.get('role')!r} differs from role_cfg role {role!r}",
                       "pass the instance together with its own role's config")
-    engine_id = instance.get("engine_id")
-    if not isinstance(engine_id, str) or not engine_id:
-        raise PdError(where, "instance.engine_id", f"{engine_id!r} is not a non-empty string",
-                      "use the topology's engine_id (a string such as \"1\")")
     offload = role_cfg.get("offload_connector")
     if offload not in OFFLOAD_CONNECTORS:
         raise PdError(where, f"{role}.offload_connector", f"{offload!r} is not one of "
@@ -229,13 +226,10 @@ def kv_transfer_config(role_cfg, cluster, instance, row, offload_bytes):
     children, multi = apply_engine_names(children, role_cfg.get("kv_connector_engine"), role,
                                           f"{cluster.get('name')}/{role}")
     if len(children) == 1 and not multi:
-        single = children[0]
-        single["engine_id"] = engine_id
-        return single
+        return children[0]
     return {
         "kv_connector": "MultiConnector",
         "kv_role": ROLE_KV[role],
-        "engine_id": engine_id,
         "kv_connector_extra_config": {"connectors": children},
     }
 

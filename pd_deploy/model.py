@@ -227,7 +227,6 @@ def topology(cluster, hosts):
     name = cluster["name"]
     problems = []
     topo = {"instances": [], "hosts": {h["name"]: dict(h, ranks=[]) for h in hosts}}
-    engine_id = 0
     for role in ROLES:
         rcfg = cluster["roles"][role]
         dp, tp, count = rcfg["dp"], rcfg["tp"], rcfg["instances"]
@@ -255,12 +254,11 @@ def topology(cluster, hosts):
                 "raise instances or dp, or remove the spare host from the group", level="warning"))
         for index in range(count):
             inst = {
-                "role": role, "index": index, "engine_id": str(engine_id), "dp": dp, "tp": tp,
+                "role": role, "index": index, "dp": dp, "tp": tp,
                 "kv_port": rcfg["kv_port"] + index * dp * tp,
                 "dp_rpc_port": rcfg["dp_rpc_port"] + index,
                 "hosts": [], "ranks": [],
             }
-            engine_id += 1
             for dp_rank in range(dp):
                 pos = index * dp + dp_rank
                 if pos >= len(slots):
@@ -507,7 +505,6 @@ def rank_spec(cluster, inst, rank, host):
         "cluster": cluster["name"],
         "role": role,
         "instance": rank["instance"],
-        "engine_id": inst["engine_id"],
         "dp_rank": rank["dp_rank"],
         "host": host["name"],
         "image": cluster["image"],

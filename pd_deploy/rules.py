@@ -724,13 +724,36 @@ def _check_offload_child(ctx, where, role, child):
     return out
 
 
+def _check_no_engine_id(ctx, where, role, config):
+    """A rendered ``engine_id`` (top level or in a MultiConnector child) pins an id every process of
+    the instance would share. A decode's Mooncake connector caches what it learnt about a prefill
+    under the engine id the request names and never drops it (versions.yml ``kv_peer_cache``), so a
+    prefill process started again with that id (rolling wave, rollback, recovery, scale, Docker's
+    restart policy) would be pulled from at the dead process's addresses. A child's own id also
+    overrides the parent's per-process one (vLLM MultiConnector). Left out, the engine makes one
+    per process (docs/design.md "Engine ids are born with the process")."""
+    row = ctx.get("row") or {}
+    source = ((row.get("kv_peer_cache") or {}).get("sources") or ["pd_deploy/data/versions.yml"])[0]
+    out = []
+    for path, holder in [("", config)] + [(f".connectors[{i}]", c) for i, c in enumerate(_children(config))
+                                             if c is not config]:
+        if isinstance(holder, dict) and "engine_id" in holder:
+            out.append(_v("error", where, f"{role}.kv_transfer_config{path}.engine_id",
+                          f"engine_id {holder['engine_id']!r} is fixed: a decode caches a prefill's KV "
+                          f"addresses per engine id and never drops them ({source}), so a restarted "
+                          "or replaced process with this id is pulled from at dead addresses",
+                          "render no engine_id (pd_deploy.connectors.kv_transfer_config): the engine "
+                          "gives each process its own"))
+    return out
+
+
 def rule_rendered_kv_transfer_config(ctx):
     """The rendered --kv-transfer-config of every instance matches the real topology and roles.
 
     Mooncake prefill/decode dp_size/tp_size must equal the real P and D topology, kv_role follow
-    the role, kv_port and engine_id the instance; offload children keep their kv_role and the
-    row's spec module. The builders derive these from the same data, so this catches a future bug
-    or a hand-edited spec.
+    the role, kv_port the instance, and no engine_id is fixed (_check_no_engine_id); offload
+    children keep their kv_role and the row's spec module. The builders derive these from the same
+    data, so this catches a future bug or a hand-edited spec.
     """
     out = list(ctx["render_problems"])
     for where, role, inst, config in ctx["rendered"]:
@@ -745,11 +768,7 @@ def rule_rendered_kv_transfer_config(ctx):
             out.append(_v("error", where, f"{role}.kv_transfer_config",
                           "mooncake is off but the rendered --kv-transfer-config has a Mooncake connector",
                           f"set {role}.mooncake: true or drop the connector"))
-        if isinstance(config, dict) and config.get("engine_id") != inst.get("engine_id"):
-            out.append(_v("error", where, f"{role}.kv_transfer_config.engine_id",
-                          f"engine_id {config.get('engine_id')!r} differs from the instance's "
-                          f"{inst.get('engine_id')!r}",
-                          "render engine_id from the topology instance"))
+        out.extend(_check_no_engine_id(ctx, where, role, config))
         for child in moon:
             out.extend(_check_mooncake_child(ctx, where, role, inst, child))
         for child in kids:
@@ -778,21 +797,6 @@ def rule_block_sizes_divide(ctx):
     return [_v("error", _where(ctx, "decode"), "decode.engine.block_size",
                f"prefill block_size {p_bs} and decode block_size {d_bs} do not divide each other",
                f"use the same block_size on both roles (e.g. {p_bs})")]
-
-
-def rule_unique_engine_id(ctx):
-    """engine_id unique per instance."""
-    out, seen = [], {}
-    for inst in _instances(ctx):
-        key = inst.get("engine_id")
-        label = f"{inst.get('role')} instance {inst.get('index')}"
-        if key in seen:
-            out.append(_v("error", _where(ctx, inst.get("role"), inst.get("index")), f"{inst.get('role')}.engine_id",
-                          f"engine_id {key!r} is also used by {seen[key]}",
-                          "give every instance its own engine_id (prefill 0..nP-1, decode from nP)"))
-        else:
-            seen[key] = label
-    return out
 
 
 def _kv_claims(ctx):
@@ -1107,7 +1111,6 @@ RULES = (
     rule_rendered_kv_transfer_config,
     rule_prefill_tp_ge_decode_tp,
     rule_block_sizes_divide,
-    rule_unique_engine_id,
     rule_kv_port_ranges,
     rule_port_windows,
     rule_shm_vs_pinned,

@@ -28,6 +28,7 @@ _ROW_KEYS = {
     "partial_prefills_over_max": str,
     "mooncake_connectors": list,
     "mooncake_version": str,
+    "kv_peer_cache": dict,
     "sources": list,
 }
 _CHOICES = {
@@ -52,6 +53,13 @@ def _check_table(table):
                 raise PdError(where, f"versions.yml.{line}.{key}",
                               f"{value!r} is not a {kind.__name__}",
                               "fix the row in pd_deploy/data/versions.yml")
+        cache = row["kv_peer_cache"]
+        if not (isinstance(cache.get("keyed_by"), list) and isinstance(cache.get("refreshed"), str)
+                and isinstance(cache.get("engine_id_suffix_per_process"), bool)
+                and isinstance(cache.get("sources"), list) and cache["sources"]):
+            raise PdError(where, f"versions.yml.{line}.kv_peer_cache",
+                          f"{cache!r} lacks keyed_by (list), refreshed, engine_id_suffix_per_process "
+                          "(true/false) or sources", "fix the row in pd_deploy/data/versions.yml")
         tag = row.get("image_tag")
         if tag is not None and (not isinstance(tag, str) or not tag):
             raise PdError(where, f"versions.yml.{line}.image_tag", f"{tag!r} is not a tag or null",

@@ -37,13 +37,13 @@ def cluster(**over):
     return base
 
 
-def instance(name, engine_id, kv_port):
-    return {"role": name, "index": 0, "engine_id": engine_id, "dp": 2, "tp": 4, "kv_port": kv_port}
+def instance(name, kv_port):
+    return {"role": name, "index": 0, "dp": 2, "tp": 4, "kv_port": kv_port}
 
 
 def article_d():
     c = cluster()
-    return connectors.kv_transfer_config(c["roles"]["decode"], c, instance("decode", "1", 30100),
+    return connectors.kv_transfer_config(c["roles"]["decode"], c, instance("decode", 30100),
                                          versions.version_row("0.25.1"), 26843545600)
 
 
@@ -74,10 +74,10 @@ def test_recompute_child_renders_the_server_wide_bytes_so_decode_does_not_warn()
 ])
 def test_article_p_json_per_version(version, module):
     c = cluster()
-    result = connectors.kv_transfer_config(c["roles"]["prefill"], c, instance("prefill", "0", 30000),
+    result = connectors.kv_transfer_config(c["roles"]["prefill"], c, instance("prefill", 30000),
                                            versions.version_row(version), 200 * GIB)
     assert result == {
-        "kv_connector": "MultiConnector", "kv_role": "kv_producer", "engine_id": "0",
+        "kv_connector": "MultiConnector", "kv_role": "kv_producer",
         "kv_connector_extra_config": {"connectors": [
             {"kv_connector": "MooncakeConnectorV1", "kv_role": "kv_producer", "kv_port": "30000",
              "kv_connector_extra_config": {"prefill": {"dp_size": 2, "tp_size": 4},
@@ -108,33 +108,32 @@ def test_recompute_child_shape():
 
 def test_mooncake_name_is_a_choice():
     c = cluster(mooncake_connector="MooncakeHybridConnector")
-    result = connectors.kv_transfer_config(c["roles"]["decode"], c, instance("decode", "1", 30100),
+    result = connectors.kv_transfer_config(c["roles"]["decode"], c, instance("decode", 30100),
                                            versions.version_row("main"), 26843545600)
     assert result["kv_connector_extra_config"]["connectors"][0]["kv_connector"] == "MooncakeHybridConnector"
 
 
-def test_single_child_is_returned_with_engine_id():
+def test_single_child_is_returned_as_is():
     c = cluster()
     c["roles"]["prefill"]["offload_connector"] = "none"
-    only_moon = connectors.kv_transfer_config(c["roles"]["prefill"], c, instance("prefill", "0", 30000),
+    only_moon = connectors.kv_transfer_config(c["roles"]["prefill"], c, instance("prefill", 30000),
                                               versions.version_row("0.25.1"), None)
     assert only_moon == {"kv_connector": "MooncakeConnectorV1", "kv_role": "kv_producer", "kv_port": "30000",
-                         "engine_id": "0",
                          "kv_connector_extra_config": {"prefill": {"dp_size": 2, "tp_size": 4},
                                                        "decode": {"dp_size": 2, "tp_size": 4}}}
     c = cluster()
     c["roles"]["prefill"]["mooncake"] = False
-    only_offload = connectors.kv_transfer_config(c["roles"]["prefill"], c, instance("prefill", "0", 30000),
+    only_offload = connectors.kv_transfer_config(c["roles"]["prefill"], c, instance("prefill", 30000),
                                                  versions.version_row("0.23.0"), 100 * GIB)
     assert only_offload["kv_connector"] == "OffloadingConnector"
     assert only_offload["kv_role"] == "kv_both"
-    assert only_offload["engine_id"] == "0"
+    assert "engine_id" not in only_offload
 
 
 def test_no_connector_gives_none():
     c = cluster()
     c["roles"]["decode"].update(mooncake=False, offload_connector="none")
-    assert connectors.kv_transfer_config(c["roles"]["decode"], c, instance("decode", "1", 30100),
+    assert connectors.kv_transfer_config(c["roles"]["decode"], c, instance("decode", 30100),
                                          versions.version_row("0.25.1"), None) is None
 
 
@@ -200,7 +199,7 @@ def test_offloading_child_needs_a_row():
 
 def _kv_args(**change):
     c = cluster()
-    args = {"role_cfg": c["roles"]["decode"], "cluster": c, "instance": instance("decode", "1", 30100),
+    args = {"role_cfg": c["roles"]["decode"], "cluster": c, "instance": instance("decode", 30100),
             "row": ROW, "offload_bytes": 26843545600}
     args.update(change)
     return args
@@ -211,13 +210,12 @@ def _kv_args(**change):
     ({"cluster": []}, "cluster"),
     ({"instance": "decode0"}, "instance"),
     ({"role_cfg": role("both")}, "role_cfg.role"),
-    ({"instance": instance("prefill", "1", 30100)}, "instance.role"),
-    ({"instance": instance("decode", 1, 30100)}, "instance.engine_id"),
+    ({"instance": instance("prefill", 30100)}, "instance.role"),
     ({"role_cfg": role("decode", offload_connector="Recompute")}, "decode.offload_connector"),
     ({"role_cfg": role("decode", mooncake="yes")}, "decode.mooncake"),
     ({"row": {}}, "row.offloading_spec_name"),
     ({"offload_bytes": None}, "cpu_bytes_to_use_per_rank"),
-    ({"instance": instance("decode", "1", None)}, "kv_port"),
+    ({"instance": instance("decode", None)}, "kv_port"),
 ])
 def test_kv_transfer_config_validation(change, field):
     with pytest.raises(PdError) as err:
@@ -250,12 +248,12 @@ def test_additional_config_validation(role_cfg, row, field):
 
 def test_builders_twice_equal_and_inputs_untouched():
     c = cluster()
-    inst = instance("decode", "1", 30100)
+    inst = instance("decode", 30100)
     row = versions.version_row("main")
     snapshot = copy.deepcopy((c, inst, row))
     calls = [
         lambda: connectors.kv_transfer_config(c["roles"]["decode"], c, inst, row, 26843545600),
-        lambda: connectors.kv_transfer_config(c["roles"]["prefill"], c, dict(inst, role="prefill", engine_id="0"),
+        lambda: connectors.kv_transfer_config(c["roles"]["prefill"], c, dict(inst, role="prefill"),
                                               row, 100 * GIB),
         lambda: connectors.additional_config(c["roles"]["decode"], row),
         lambda: connectors.mooncake_child("decode", "MooncakeConnectorV1", 30100, c["roles"]["prefill"],
@@ -277,7 +275,7 @@ def test_builders_twice_equal_and_inputs_untouched():
 
 def test_results_share_nothing_with_inputs():
     c = cluster()
-    result = connectors.kv_transfer_config(c["roles"]["decode"], c, instance("decode", "1", 30100), ROW, 1)
+    result = connectors.kv_transfer_config(c["roles"]["decode"], c, instance("decode", 30100), ROW, 1)
     moon = result["kv_connector_extra_config"]["connectors"][0]
     moon["kv_connector_extra_config"]["prefill"]["dp_size"] = 99
     assert c["roles"]["prefill"]["dp"] == 2
@@ -299,7 +297,7 @@ def test_filters_through_jinja():
     text = env.from_string(
         "{{ rcfg | pd_kv_transfer_config(cluster, inst, ver | pd_version_row, per_rank) | to_json }}|"
         "{{ rcfg | pd_additional_config(ver | pd_version_row) | to_json }}"
-    ).render(rcfg=c["roles"]["decode"], cluster=c, inst=instance("decode", "1", 30100), ver="0.25.1",
+    ).render(rcfg=c["roles"]["decode"], cluster=c, inst=instance("decode", 30100), ver="0.25.1",
              per_rank=26843545600)
     kv, add = text.split("|")
     assert json.loads(kv) == ARTICLE_D_RENDERED
@@ -315,17 +313,17 @@ VLLM_MOONCAKE = {"names": {"MooncakeConnectorV1": "MooncakeConnector"},
 def _render_prefill(engine_map, offload="none", row="main", offload_bytes=None):
     c = cluster()
     c["roles"]["prefill"].update(offload_connector=offload, kv_connector_engine=engine_map)
-    return connectors.kv_transfer_config(c["roles"]["prefill"], c, instance("prefill", "0", 30000),
+    return connectors.kv_transfer_config(c["roles"]["prefill"], c, instance("prefill", 30000),
                                          versions.version_row(row), offload_bytes)
 
 
 def test_engine_names_rename_add_extra_keys_and_wrap_one_child():
     result = _render_prefill(copy.deepcopy(VLLM_MOONCAKE))
     plain = _render_prefill(None)
-    child = {k: v for k, v in plain.items() if k != "engine_id"}
+    child = copy.deepcopy(plain)
     child["kv_connector"] = "MooncakeConnector"
     child["kv_connector_extra_config"] = dict(child["kv_connector_extra_config"], mooncake_protocol="tcp")
-    assert result == {"kv_connector": "MultiConnector", "kv_role": "kv_producer", "engine_id": "0",
+    assert result == {"kv_connector": "MultiConnector", "kv_role": "kv_producer",
                       "kv_connector_extra_config": {"connectors": [child]}}
 
 
@@ -366,3 +364,20 @@ def test_engine_names_leave_the_input_untouched():
     engine_map = copy.deepcopy(VLLM_MOONCAKE)
     _render_prefill(engine_map)
     assert engine_map == VLLM_MOONCAKE
+
+
+@pytest.mark.parametrize("prefill_offload, decode_offload", [
+    ("OffloadingConnector", "RecomputeCPUOffloadConnector"), ("none", "none")])
+def test_no_engine_id_is_rendered_so_each_process_gets_its_own(prefill_offload, decode_offload):
+    """issue 20 #2: a decode caches a prefill's KV addresses per engine id and never drops them
+    (versions.yml kv_peer_cache); a fixed id makes a restarted prefill a stale entry. Neither the
+    MultiConnector nor a child may carry one, with or without offload, on every row."""
+    c = cluster()
+    c["roles"]["prefill"]["offload_connector"] = prefill_offload
+    c["roles"]["decode"]["offload_connector"] = decode_offload
+    for line in versions.known_versions():
+        row = versions.version_row(line)
+        for name, kv_port, offload_bytes in (("prefill", 30000, 100 * GIB), ("decode", 30100, 26843545600)):
+            result = connectors.kv_transfer_config(c["roles"][name], c, instance(name, kv_port), row, offload_bytes)
+            holders = [result] + result["kv_connector_extra_config"].get("connectors", [])
+            assert [h for h in holders if "engine_id" in h] == [], (line, name, result)

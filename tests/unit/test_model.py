@@ -254,15 +254,18 @@ def test_devices_ports_and_kv_ports_per_rank_and_instance():
     assert [i["kv_port"] for i in dec] == [31000, 31008]
 
 
-def test_engine_ids_count_prefill_from_zero_then_decode_continues():
+def test_no_engine_id_in_the_plan_or_the_launch_spec():
+    """issue 20 #2: the engine gives each process its own engine id (docs/design.md "Engine ids are
+    born with the process"); a fixed one in the plan would reach the argv and the spec hash."""
     hosts = [host("p0", "prefill", "10.0.0.1"), host("p1", "prefill", "10.0.0.2"),
              host("d0", "decode", "10.0.0.3"), host("d1", "decode", "10.0.0.4")]
-    _, topo, _, _ = plan(raw_cluster(prefill={"instances": 2}, decode={"instances": 2}), hosts)
-    ids = [(i["role"], i["engine_id"]) for i in topo["instances"]]
-    assert ids == [("prefill", "0"), ("prefill", "1"), ("decode", "2"), ("decode", "3")]
-    # the article's 1P + 1D: D is engine "1"
-    _, topo, _, _ = plan(article_raw())
-    assert [i["engine_id"] for i in topo["instances"] if i["role"] == "decode"] == ["1"]
+    _, topo, _, specs = plan(raw_cluster(prefill={"instances": 2}, decode={"instances": 2}), hosts)
+    assert [i for i in topo["instances"] if "engine_id" in i] == []
+    assert len(specs) == 8
+    for spec in specs.values():
+        assert "engine_id" not in spec
+        kv = json.loads(arg(spec["command"], "--kv-transfer-config"))
+        assert "engine_id" not in json.dumps(kv), spec["name"]
 
 
 def test_decode_instance_spans_two_hosts_cluster_b_style():

@@ -337,7 +337,8 @@ def _moon(config):
      "decode.kv_transfer_config.MooncakeConnectorV1.decode"),
     (lambda c: _moon(c).update(kv_role="kv_producer"), "decode.kv_transfer_config.MooncakeConnectorV1.kv_role"),
     (lambda c: _moon(c).update(kv_port="30000"), "decode.kv_transfer_config.MooncakeConnectorV1.kv_port"),
-    (lambda c: c.update(engine_id="0"), "decode.kv_transfer_config.engine_id"),
+    (lambda c: c.update(engine_id="1"), "decode.kv_transfer_config.engine_id"),
+    (lambda c: _moon(c).update(engine_id="1"), "decode.kv_transfer_config.connectors[0].engine_id"),
     (lambda c: c["kv_connector_extra_config"]["connectors"].pop(0), "decode.kv_transfer_config"),
     (lambda c: c["kv_connector_extra_config"]["connectors"][1].update(kv_role="kv_both"),
      "decode.kv_transfer_config.RecomputeCPUOffloadConnector.kv_role"),
@@ -397,13 +398,16 @@ def test_block_sizes_divide_each_other():
     assert hits(check(with_engine("decode", block_size=128)), "decode.engine.block_size") == []
 
 
-def test_unique_engine_id():
+def test_a_fixed_engine_id_is_refused_naming_the_cache_and_its_source():
+    """issue 20 #2: the article's own engine_id "1" on decode, as an older pd-deploy rendered it."""
     cluster = make_cluster()
     topo = make_topo(cluster, make_hosts())
-    topo["instances"][1]["engine_id"] = "0"
-    found = hits(rules.check_cluster(cluster, topo), "decode.engine_id", "error")
-    assert found and "prefill instance 0" in found[0]["message"]
-    assert hits(check(), "decode.engine_id") == []
+    specs = _tamper_spec(make_specs(cluster, topo), "decode", lambda c: c.update(engine_id="1"))
+    found = hits(rules.check_cluster(cluster, topo, specs), "decode.kv_transfer_config.engine_id", "error")
+    row = versions.version_row(cluster["vllm_ascend_version"])
+    assert found and row["kv_peer_cache"]["sources"][0] in found[0]["message"], found
+    assert "render no engine_id" in found[0]["fix"]
+    assert [v for v in rules.check_cluster(cluster, topo, make_specs(cluster, topo)) if "engine_id" in v["field"]] == []
 
 
 def test_kv_port_ranges_must_not_overlap_on_one_address():

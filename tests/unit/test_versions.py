@@ -132,3 +132,28 @@ def test_malformed_table_is_refused():
 
 def test_filters():
     assert versions.FILTERS == {"pd_version_row": versions.version_row}
+
+
+# the ref each row was checked at (versions.yml header): its kv_peer_cache lines must point there
+ROW_REFS = {"0.23": "v0.23.0", "0.24": "v0.24.0rc1", "0.25": "v0.25.1rc1", "0.26": "releases/v0.26.0rc", "main": "main"}
+
+
+@pytest.mark.parametrize("line", sorted(ROW_REFS))
+def test_kv_peer_cache_cites_the_connector_platform_and_proxy_at_the_rows_ref(line):
+    """issue 20 #2: why no engine_id is rendered, per row, with the lines at the row's own ref."""
+    cache = versions.version_row(line)["kv_peer_cache"]
+    assert cache["keyed_by"][0] == "remote_engine_id" and cache["refreshed"] == "never"
+    base = f"https://github.com/vllm-project/vllm-ascend/blob/{ROW_REFS[line]}/"
+    for path in ("vllm_ascend/distributed/kv_transfer/kv_p2p/mooncake_connector.py#L", "vllm_ascend/platform.py#L",
+                 "examples/disaggregated_prefill_v1/load_balance_proxy_server_example.py#L"):
+        assert any(s.startswith(base + path) for s in cache["sources"]), (line, path)
+
+
+@pytest.mark.parametrize("change", [
+    lambda c: c.pop("keyed_by"), lambda c: c.update(refreshed=None),
+    lambda c: c.update(engine_id_suffix_per_process="yes"), lambda c: c.update(sources=[])])
+def test_malformed_kv_peer_cache_is_refused(change):
+    table = copy.deepcopy(versions._table())
+    change(table["main"]["kv_peer_cache"])
+    with pytest.raises(PdError, match="versions.yml.main.kv_peer_cache"):
+        versions._check_table(table)
