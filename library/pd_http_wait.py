@@ -18,9 +18,16 @@ options:
     elements: dict
     required: true
   interval:
-    description: Seconds between two rounds of probes.
+    description: Seconds between two rounds of probes (after the short first pauses, see O(first_interval)).
     type: float
     default: 5
+  first_interval:
+    description:
+      - Seconds before the second round; the pause then doubles until it reaches O(interval). A wait
+        that ends soon (a proxy, a fast rank) ends within a fraction of a second of the answer, not
+        up to O(interval) later. Set to O(interval) for even rounds.
+    type: float
+    default: 0.25
   request_timeout:
     description: Seconds one request may take.
     type: float
@@ -75,6 +82,7 @@ def main():
         argument_spec={
             "checks": {"type": "list", "elements": "dict", "required": True},
             "interval": {"type": "float", "default": 5.0},
+            "first_interval": {"type": "float", "default": 0.25},
             "request_timeout": {"type": "float", "default": 5.0},
             "docker_socket": {"type": "path", "default": "/var/run/docker.sock"},
             "slice_s": {"type": "float", "default": 0.0},
@@ -91,7 +99,7 @@ def main():
     if module.check_mode:
         module.exit_json(changed=False, skipped=True, results=[], all_ok=True, msg="not probed in check mode")
     results = wait_all(checks, module.params["interval"], module.params["request_timeout"],
-                       slice_s=module.params["slice_s"],
+                       slice_s=module.params["slice_s"], first_interval=module.params["first_interval"],
                        gone=lambda name: container_gone(module.params["docker_socket"], name))
     module.exit_json(changed=False, results=results, all_ok=all(r["ok"] for r in results))
 

@@ -96,8 +96,21 @@ def container_gone(socket_path, name):
     return None
 
 
+#: seconds before the second round of a wait: most waits end within seconds (a proxy, a rank that runs
+#: already, a stand-in), so the pause starts short and doubles up to the wait's ``interval``
+FIRST_INTERVAL_S = 0.25
+
+
+def pauses(interval, first=FIRST_INTERVAL_S):
+    """The pauses between rounds: ``first``, doubling, then ``interval`` for good (never above it)."""
+    pause = min(float(interval), float(first))
+    while True:
+        yield pause
+        pause = min(float(interval), pause * 2)
+
+
 def wait_all(checks, interval, request_timeout=5.0, clock=time.monotonic, sleep=time.sleep, send=request,
-             slice_s=0, gone=None):
+             slice_s=0, gone=None, first_interval=FIRST_INTERVAL_S):
     """Poll every check until it answers an expected status or its own deadline passes.
 
     ``checks``: [{name, url, timeout_s, method (GET), body (None), status ([200])}]. All checks are
@@ -111,8 +124,11 @@ def wait_all(checks, interval, request_timeout=5.0, clock=time.monotonic, sleep=
     failed probe of a check that names its ``container``, returns why that container will never
     answer; the check then ends at once with that error (``exited: true``) instead of waiting out its
     deadline: a rank whose engine refused its flags fails in seconds, not after its start timeout.
+    The pause between rounds starts at ``first_interval`` and doubles up to ``interval`` (``pauses``):
+    a check that answers a second after the wait began costs a second, not ``interval``.
     """
     start = clock()
+    gaps = pauses(interval, first_interval)
     results = [{"name": c["name"], "url": c["url"], "ok": False, "status": 0, "error": "not probed",
                 "attempts": 0, "waited_s": 0.0} for c in checks]
     pending = list(range(len(checks)))
@@ -140,7 +156,7 @@ def wait_all(checks, interval, request_timeout=5.0, clock=time.monotonic, sleep=
                 result["error"] = f"HTTP {status}"
         pending = still
         if pending:
-            sleep(interval)
+            sleep(next(gaps))
             if slice_s and clock() - start >= slice_s:
                 for index in pending:
                     results[index]["pending"] = True

@@ -468,3 +468,28 @@ def test_container_logs_read_every_name_in_one_run(monkeypatch):
 def test_docker_raw_returns_the_body_as_sent(docker_socket):
     status, body, error = pd_http.docker_raw(docker_socket, "/images/nope/json")
     assert (status, json.loads(body), error) == (404, {"message": "No such image"}, "")
+
+
+def test_pauses_start_short_and_double_up_to_the_interval():
+    gaps = pd_http.pauses(5)
+    assert [next(gaps) for _ in range(7)] == [0.25, 0.5, 1.0, 2.0, 4.0, 5.0, 5.0]
+    # an interval below the first pause is kept from the start
+    gaps = pd_http.pauses(0.1)
+    assert [next(gaps) for _ in range(3)] == [0.1, 0.1, 0.1]
+
+
+def test_wait_all_answers_soon_after_a_check_that_is_ready_within_a_second():
+    # a proxy that answers 0.6 s after the wait began: the wait ends then, not at the 5 s interval
+    clock = FakeClock()
+
+    def send(url, method, body, timeout):
+        return (200 if clock.now >= 0.6 else 0), b"", ""
+
+    results = pd_http.wait_all([{"name": "p", "url": "p", "timeout_s": 60}], 5, clock=clock, sleep=clock.sleep,
+                               send=send)
+    assert results[0]["ok"] and results[0]["attempts"] == 3 and results[0]["waited_s"] < 1.0
+    # with first_interval = interval the rounds are even (the old behaviour): the second probe only at 5 s
+    clock.now = 0
+    results = pd_http.wait_all([{"name": "p", "url": "p", "timeout_s": 60}], 5, clock=clock, sleep=clock.sleep,
+                               send=send, first_interval=5)
+    assert results[0]["ok"] and results[0]["attempts"] == 2 and results[0]["waited_s"] >= 5
