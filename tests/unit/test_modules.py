@@ -442,6 +442,24 @@ def test_pd_host_probe_reads_the_npu_table_the_prechecks_judge(tmp_path, conf, c
     assert prechecks.npu_model_problems(table, name, hbm_mb * 1024 ** 2) == []
 
 
+@pytest.mark.ansible
+def test_pd_host_probe_runs_its_two_npu_smi_calls_at_the_same_time(tmp_path):
+    """npu-smi takes about a second a call on a real host: `info -l` and `info` overlap, not add up."""
+    fake = tmp_path / "npu-smi"
+    log = tmp_path / "calls"
+    # each call records when it began and ended (monotonic clock of the same machine)
+    fake.write_text("#!/usr/bin/env python3\nimport sys, time\n"
+                    f"start = time.monotonic(); time.sleep(1.0)\n"
+                    f"open({str(log)!r}, 'a').write(f'{{start}} {{time.monotonic()}}\\n')\n"
+                    "print('ok')\n")
+    fake.chmod(0o755)
+    result = ansible_module("pd_host_probe", {"docker_socket": str(tmp_path / "none.sock"), "npu_smi": str(fake)})
+    assert result["npu_smi"]["rc"] == 0 and result["npu_smi_info"]["rc"] == 0
+    (a0, a1), (b0, b1) = [tuple(map(float, line.split())) for line in log.read_text().splitlines()]
+    # the second call began before the first ended
+    assert max(a0, b0) < min(a1, b1)
+
+
 def test_container_logs_read_every_name_in_one_run(monkeypatch):
     logs_mod = load("pd_container_logs")
     body = bytes([1, 0, 0, 0, 0, 0, 0, 6]) + b"hello\n"
