@@ -511,3 +511,57 @@ def test_wait_all_answers_soon_after_a_check_that_is_ready_within_a_second():
     results = pd_http.wait_all([{"name": "p", "url": "p", "timeout_s": 60}], 5, clock=clock, sleep=clock.sleep,
                                send=send, first_interval=5)
     assert results[0]["ok"] and results[0]["attempts"] == 2 and results[0]["waited_s"] >= 5
+
+
+def test_wait_all_checks_a_json_list_and_sends_the_check_headers():
+    # the smoke requests: one try each (timeout_s 0), the answer must hold choices, the key goes along
+    answers = {"/ok": (200, b'{"choices": [{"text": "x"}]}', ""), "/empty": (200, b'{"choices": []}', ""),
+               "/html": (200, b"<html>", ""), "/bad": (400, b'{"error": "no chat template"}', "")}
+    sent = []
+
+    def send(url, method, body, timeout, headers=None):
+        sent.append((url, method, headers, timeout))
+        return answers[url]
+
+    checks = [{"name": n, "url": n, "timeout_s": 0, "method": "POST", "body": {}, "json_list": "choices",
+               "headers": {"Authorization": "Bearer k"}} for n in answers]
+    results = pd_http.wait_all(checks, 5, request_timeout=120, sleep=lambda s: None, send=send)
+    assert [r["ok"] for r in results] == [True, False, False, False]
+    assert [r["attempts"] for r in results] == [1, 1, 1, 1]
+    assert results[1]["error"] == "the answer has no choices" and results[1]["answer"] == '{"choices": []}'
+    assert results[2]["error"] == "the answer is not JSON, so it has no choices"
+    assert results[3]["error"] == "HTTP 400" and "no chat template" in results[3]["answer"]
+    assert "answer" not in results[0]
+    assert all(h == {"Authorization": "Bearer k"} and t == 120 for _, _, h, t in sent)
+
+
+def test_request_sends_the_extra_headers(engine):
+    seen = {}
+
+    class Echo(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802 (http.server's name)
+            seen["auth"] = self.headers.get("Authorization")
+            seen["host"] = self.headers.get("Host")
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Echo)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        status, _, _ = pd_http.request(f"http://127.0.0.1:{server.server_port}/v1/completions", "POST", {"a": 1},
+                                       headers={"Authorization": "Bearer k"})
+    finally:
+        server.shutdown()
+    assert status == 200 and seen == {"auth": "Bearer k", "host": "localhost"}
+
+
+def test_failed_summary_names_each_check_that_did_not_answer():
+    results = [{"name": "/v1/completions", "ok": True},
+               {"name": "/v1/chat/completions", "ok": False, "error": "HTTP 400", "answer": '{"error": "no template"}'},
+               {"name": "r", "ok": False, "error": ""}]
+    assert pd_http.failed_summary(results) == (
+        '2 of 3 did not answer as expected: /v1/chat/completions (HTTP 400: {"error": "no template"}); r (no answer)')
+    assert pd_http.failed_summary(results[:1]) == ""
