@@ -117,7 +117,9 @@ class ActionModule(ActionBase):
             display.display(progress_line(host, checks, results, elapsed))
             printed = True
             indexes, pending = next_slice(checks, results, elapsed)
-            more = self._execute_module(module, module_args=dict(args, checks=pending, slice_s=progress),
+            # a later slice goes on at the full interval: the short first pauses are for the wait's start
+            more = self._execute_module(module, module_args=dict(args, checks=pending, slice_s=progress,
+                                                                 first_interval=args.get("interval", 5.0)),
                                         task_vars=task_vars)
             if more.get("failed"):
                 result.update(more)

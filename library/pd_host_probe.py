@@ -412,26 +412,35 @@ def main():
     skip = "every container of this host runs its launch spec" if settled else ""
     # one inspect per reference, shared by the missing-image check and the moving-tag comparison
     refs = resolve_images(sock, list(p["images"]) + [s["image"] for s in p["containers"] if s.get("image")]) if ok else {}
-    result = {
-        "changed": False,
-        "stats": stat_paths(p["paths"]),
-        "npu_smi": run_npu_smi(module, p["npu_smi"], "-l"),
-        "npu_smi_info": run_npu_smi(module, p["npu_smi"]),
-        "hccn": run_hccn(module, p["hccn"], skip),
-        "compat": run_compat(sock, p["compat"]) if ok and not settled else None,
-        "skipped_checks": skip,
-        "meminfo": read_text("/proc/meminfo") if p["host_facts"] else "",
-        "listening_ports": listening_ports(read_text("/proc/net/tcp"), read_text("/proc/net/tcp6"))
-        if p["host_facts"] else [],
-        "disk_free_bytes": disk_free(p["disk_path"]) if p["disk_path"] else None,
-        "docker": {"ok": ok, "msg": msg},
-        "containers": containers,
-        # without an engine the images cannot be looked up; the Docker message is the one problem
-        "images_missing": missing_images(sock, p["images"], refs) if ok else [],
-        "image_refs": refs,
-        "health": wait_all(current_checks(p["containers"], containers, p["probe_timeout"]), p["probe_interval"]),
-        "wiring": read_wiring(p["containers"], containers, p["probe_timeout"]),
-    }
+    # the tools (npu-smi twice, hccn_tool) run in threads while this one asks Docker and the health URLs:
+    # each npu-smi call takes about a second on a real host, and they do not depend on each other
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        smi_list = pool.submit(run_npu_smi, module, p["npu_smi"], "-l")
+        smi_info = pool.submit(run_npu_smi, module, p["npu_smi"])
+        hccn = pool.submit(run_hccn, module, p["hccn"], skip)
+        compat = run_compat(sock, p["compat"]) if ok and not settled else None
+        health = wait_all(current_checks(p["containers"], containers, p["probe_timeout"]), p["probe_interval"])
+        wiring = read_wiring(p["containers"], containers, p["probe_timeout"])
+        result = {
+            "changed": False,
+            "stats": stat_paths(p["paths"]),
+            "npu_smi": smi_list.result(),
+            "npu_smi_info": smi_info.result(),
+            "hccn": hccn.result(),
+            "compat": compat,
+            "skipped_checks": skip,
+            "meminfo": read_text("/proc/meminfo") if p["host_facts"] else "",
+            "listening_ports": listening_ports(read_text("/proc/net/tcp"), read_text("/proc/net/tcp6"))
+            if p["host_facts"] else [],
+            "disk_free_bytes": disk_free(p["disk_path"]) if p["disk_path"] else None,
+            "docker": {"ok": ok, "msg": msg},
+            "containers": containers,
+            # without an engine the images cannot be looked up; the Docker message is the one problem
+            "images_missing": missing_images(sock, p["images"], refs) if ok else [],
+            "image_refs": refs,
+            "health": health,
+            "wiring": wiring,
+        }
     module.exit_json(**result)
 
 

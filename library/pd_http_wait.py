@@ -13,14 +13,24 @@ options:
   checks:
     description:
       - List of {name, url, timeout_s}; optional method (GET), body (sent as JSON), status ([200]),
-        container (a Docker container name; once it has exited the check ends at once, failed).
+        container (a Docker container name; once it has exited the check ends at once, failed),
+        headers (more request headers), json_list (a key of the JSON answer that must hold a non-empty
+        list, e.g. C(choices) of a completion; a failed check then carries the start of its C(answer)).
+      - A C(timeout_s) of 0 sends one request (with the whole O(request_timeout)), no retry.
     type: list
     elements: dict
     required: true
   interval:
-    description: Seconds between two rounds of probes.
+    description: Seconds between two rounds of probes (after the short first pauses, see O(first_interval)).
     type: float
     default: 5
+  first_interval:
+    description:
+      - Seconds before the second round; the pause then doubles until it reaches O(interval). A wait
+        that ends soon (a proxy, a fast rank) ends within a fraction of a second of the answer, not
+        up to O(interval) later. Set to O(interval) for even rounds.
+    type: float
+    default: 0.25
   request_timeout:
     description: Seconds one request may take.
     type: float
@@ -57,9 +67,16 @@ EXAMPLES = r"""
 RETURN = r"""
 results:
   description: One entry per check, in order (name, url, ok, status, error, attempts, waited_s; pending
-    when a slice ended before the check's deadline; exited when its container stopped first).
+    when a slice ended before the check's deadline; exited when its container stopped first; answer,
+    the start of the body, when a check with json_list failed).
   type: list
   returned: always
+msg:
+  description: Which checks did not answer and why (a task that fails on C(all_ok) shows it), or
+    C(every check answered). A wait of several slices (progress lines) names its failures in
+    C(results) only.
+  type: str
+  returned: when the wait ran in one module run
 all_ok:
   description: Whether every check answered an expected status.
   type: bool
@@ -67,7 +84,7 @@ all_ok:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.pd_http import container_gone, wait_all
+from ansible.module_utils.pd_http import container_gone, failed_summary, wait_all
 
 
 def main():
@@ -75,6 +92,7 @@ def main():
         argument_spec={
             "checks": {"type": "list", "elements": "dict", "required": True},
             "interval": {"type": "float", "default": 5.0},
+            "first_interval": {"type": "float", "default": 0.25},
             "request_timeout": {"type": "float", "default": 5.0},
             "docker_socket": {"type": "path", "default": "/var/run/docker.sock"},
             "slice_s": {"type": "float", "default": 0.0},
@@ -91,9 +109,10 @@ def main():
     if module.check_mode:
         module.exit_json(changed=False, skipped=True, results=[], all_ok=True, msg="not probed in check mode")
     results = wait_all(checks, module.params["interval"], module.params["request_timeout"],
-                       slice_s=module.params["slice_s"],
+                       slice_s=module.params["slice_s"], first_interval=module.params["first_interval"],
                        gone=lambda name: container_gone(module.params["docker_socket"], name))
-    module.exit_json(changed=False, results=results, all_ok=all(r["ok"] for r in results))
+    module.exit_json(changed=False, results=results, all_ok=all(r["ok"] for r in results),
+                     msg=failed_summary(results) or "every check answered")
 
 
 if __name__ == "__main__":

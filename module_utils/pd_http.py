@@ -29,8 +29,8 @@ class UnixHTTPConnection(http.client.HTTPConnection):
         self.sock = sock
 
 
-def _exchange(conn, method, path, body, timeout):
-    headers = {"Host": "localhost"}
+def _exchange(conn, method, path, body, timeout, extra_headers=None):
+    headers = dict(extra_headers or {}, Host="localhost")
     data = None
     if body is not None:
         data = json.dumps(body).encode()
@@ -45,14 +45,15 @@ def _exchange(conn, method, path, body, timeout):
         conn.close()
 
 
-def request(url, method="GET", body=None, timeout=5.0):
-    """One HTTP request: (status, body bytes, error text). Status 0 and an error when it failed."""
+def request(url, method="GET", body=None, timeout=5.0, headers=None):
+    """One HTTP request: (status, body bytes, error text). Status 0 and an error when it failed.
+    ``headers``: more request headers (e.g. Authorization for an engine started with an API key)."""
     parts = urllib.parse.urlsplit(url)
     if parts.scheme != "http" or not parts.hostname:
         return 0, b"", f"not an http:// URL: {url}"
     path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
     conn = http.client.HTTPConnection(parts.hostname, parts.port or 80, timeout=timeout)
-    return _exchange(conn, method, path, body, timeout)
+    return _exchange(conn, method, path, body, timeout, headers)
 
 
 def docker_raw(socket_path, path, timeout=30.0):
@@ -96,12 +97,58 @@ def container_gone(socket_path, name):
     return None
 
 
+def lacks_list(raw, key):
+    """Why the JSON answer ``raw`` lacks a non-empty list under ``key`` ("" when it has one, or no key asked)."""
+    if not key:
+        return ""
+    try:
+        value = json.loads((raw or b"").decode("utf-8", "replace") or "null")
+    except ValueError:
+        return f"the answer is not JSON, so it has no {key}"
+    if not isinstance(value, dict) or not isinstance(value.get(key), list) or not value[key]:
+        return f"the answer has no {key}"
+    return ""
+
+
+def _excerpt(raw, limit=500):
+    """The start of an answer's body as text, for a message."""
+    text = (raw or b"").decode("utf-8", "replace").strip()
+    return text[:limit] + ("..." if len(text) > limit else "")
+
+
+def failed_summary(results):
+    """One line naming each check that did not answer, with why (and the start of its answer, if kept);
+    "" when every check answered."""
+    bad = [r for r in results if not r.get("ok")]
+    if not bad:
+        return ""
+    parts = [f"{r['name']} ({r.get('error') or 'no answer'}{': ' + r['answer'] if r.get('answer') else ''})"
+             for r in bad]
+    return f"{len(bad)} of {len(results)} did not answer as expected: " + "; ".join(parts)
+
+
+#: seconds before the second round of a wait: most waits end within seconds (a proxy, a rank that runs
+#: already, a stand-in), so the pause starts short and doubles up to the wait's ``interval``
+FIRST_INTERVAL_S = 0.25
+
+
+def pauses(interval, first=FIRST_INTERVAL_S):
+    """The pauses between rounds: ``first``, doubling, then ``interval`` for good (never above it)."""
+    pause = min(float(interval), float(first))
+    while True:
+        yield pause
+        pause = min(float(interval), pause * 2)
+
+
 def wait_all(checks, interval, request_timeout=5.0, clock=time.monotonic, sleep=time.sleep, send=request,
-             slice_s=0, gone=None):
+             slice_s=0, gone=None, first_interval=FIRST_INTERVAL_S):
     """Poll every check until it answers an expected status or its own deadline passes.
 
-    ``checks``: [{name, url, timeout_s, method (GET), body (None), status ([200])}]. All checks are
-    polled in the same rounds, so a host's ranks are waited for together, not one after the other.
+    ``checks``: [{name, url, timeout_s, method (GET), body (None), status ([200]), headers ({}),
+    json_list (none)}]. All checks are polled in the same rounds, so a host's ranks are waited for
+    together, not one after the other. A check with ``json_list`` (e.g. ``choices``: a request whose
+    answer matters, the smoke completion) also needs that key of the JSON answer to be a non-empty
+    list, and a failed one carries the start of the ``answer``.
     Returns [{name, url, ok, status, error, attempts, waited_s}] in the order of ``checks``.
     With ``slice_s`` > 0 the wait returns once that many seconds have passed (after a round and its
     interval) even though checks are still within their deadline; those carry ``pending: true`` and
@@ -111,8 +158,11 @@ def wait_all(checks, interval, request_timeout=5.0, clock=time.monotonic, sleep=
     failed probe of a check that names its ``container``, returns why that container will never
     answer; the check then ends at once with that error (``exited: true``) instead of waiting out its
     deadline: a rank whose engine refused its flags fails in seconds, not after its start timeout.
+    The pause between rounds starts at ``first_interval`` and doubles up to ``interval`` (``pauses``):
+    a check that answers a second after the wait began costs a second, not ``interval``.
     """
     start = clock()
+    gaps = pauses(interval, first_interval)
     results = [{"name": c["name"], "url": c["url"], "ok": False, "status": 0, "error": "not probed",
                 "attempts": 0, "waited_s": 0.0} for c in checks]
     pending = list(range(len(checks)))
@@ -124,13 +174,22 @@ def wait_all(checks, interval, request_timeout=5.0, clock=time.monotonic, sleep=
             # cut a request to its check's time left; an attempt with none left (a single probe, or the
             # last one after the final interval) gets a whole request timeout
             per_request = min(request_timeout, remaining) if remaining > 0 else request_timeout
-            status, _, error = send(check["url"], check.get("method") or "GET", check.get("body"),
-                                    max(0.5, per_request))
+            # headers only when the check has some: the senders of the tests take four arguments
+            extra = {"headers": check["headers"]} if check.get("headers") else {}
+            status, raw, error = send(check["url"], check.get("method") or "GET", check.get("body"),
+                                      max(0.5, per_request), **extra)
             result.update(status=status, error=error, attempts=result["attempts"] + 1,
                           waited_s=round(clock() - start, 2))
             if status in (check.get("status") or [200]):
-                result.update(ok=True, error="")
-                continue
+                missing = lacks_list(raw, check.get("json_list"))
+                if not missing:
+                    result.update(ok=True, error="")
+                    continue
+                # an answer without what the check needs (e.g. a completion without choices)
+                error = missing
+                result.update(error=error, answer=_excerpt(raw))
+            elif raw and check.get("json_list"):
+                result["answer"] = _excerpt(raw)
             why = gone(check["container"]) if gone and check.get("container") else None
             if why:
                 result.update(error=why, exited=True)
@@ -140,7 +199,7 @@ def wait_all(checks, interval, request_timeout=5.0, clock=time.monotonic, sleep=
                 result["error"] = f"HTTP {status}"
         pending = still
         if pending:
-            sleep(interval)
+            sleep(next(gaps))
             if slice_s and clock() - start >= slice_s:
                 for index in pending:
                     results[index]["pending"] = True

@@ -431,3 +431,21 @@ def test_a_wiring_that_failed_because_the_proxy_is_down_names_the_proxy_not_the_
     text = containers.wiring_message(slow, "c-p0", "pd-c-proxy")
     assert "Check that the new ranks answer /v1/models" in text and 'still missing ["10.0.0.2:8200"]' in text
     assert "bound reached" in text and "is down" not in text
+
+
+def test_every_step_on_a_previous_container_names_it_in_previous():
+    # apply.yml includes previous.yml (remove, preserve, the half-done notes, the restart policy) only
+    # when `previous` is not empty: every state with such a step must list its rank there
+    states = {"absent": None, "current": ("h", True), "changed": ("old", True), "stopped": ("h", False),
+              "changed-stopped": ("old", False)}
+    for state, now in states.items():
+        for kept in (None, True, False):
+            observed = [] if now is None else [seen("r", now[0], running=now[1])]
+            if kept is not None:
+                observed.append(seen("r-previous", "older", running=kept))
+            plan = containers.replacement_plan([spec("r", "h")], observed)
+            steps = set(plan["remove"] + plan["preserve"] + plan["finish"] + plan["interrupted"])
+            assert steps <= set(plan["previous"]), (state, kept, plan)
+            # and a first start (nothing under either name) has none
+            if now is None and kept is None:
+                assert plan["previous"] == [] and [s["name"] for s in plan["start"]] == ["r"]

@@ -67,7 +67,7 @@ def make_action(args, clock, send, task_vars=None):
         params = dict(module_args)
         return {"changed": False, "results": pd_http.wait_all(
             params["checks"], params.get("interval", 5), clock=clock, sleep=clock.sleep, send=send,
-            slice_s=params.get("slice_s", 0))}
+            slice_s=params.get("slice_s", 0), first_interval=params.get("first_interval", pd_http.FIRST_INTERVAL_S))}
 
     action._execute_module = execute
     return action, runs
@@ -110,6 +110,8 @@ def test_sliced_wait_prints_progress_and_ends_like_one_wait(fake):
     assert len(runs) == 5
     assert [len(r["checks"]) for r in runs] == [3, 2, 2, 2, 1]
     assert all(r["slice_s"] == 60 for r in runs)
+    # the short first pauses only at the wait's start: a later slice polls at the interval from its start
+    assert "first_interval" not in runs[0] and all(r["first_interval"] == 5 for r in runs[1:])
     # a line per slice boundary naming what is still loading, then one closing line
     assert len(lines.lines) == 5
     assert lines.lines[0].startswith("c-d0: waiting for 2 of 3 health URLs after 1m 0")
@@ -164,7 +166,8 @@ def test_a_real_ansible_run_prints_the_progress_lines(tmp_path):
     """ansible-core loads the action plugin for the module and its lines reach the operator's terminal.
 
     The engine answers 503 to its first two requests and 200 to the third; with one round per slice
-    (interval 1 s, pd_health_progress_s 1) that is two progress lines at any machine speed.
+    (interval 1 s and first_interval 1 s: no short first pauses; pd_health_progress_s 1) that is two
+    progress lines at any machine speed.
     """
     import http.server
     import json
@@ -186,7 +189,7 @@ def test_a_real_ansible_run_prints_the_progress_lines(tmp_path):
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Engine)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     args = {"checks": [{"name": "pd-t-decode0-dp0", "url": f"http://127.0.0.1:{server.server_port}/health",
-                        "timeout_s": 120}], "interval": 1}
+                        "timeout_s": 120}], "interval": 1, "first_interval": 1}
     env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), ANSIBLE_NOCOLOR="1",
                ANSIBLE_HOME=str(tmp_path), ANSIBLE_LOCAL_TEMP=str(tmp_path / "tmp"))
     try:

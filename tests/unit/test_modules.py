@@ -442,6 +442,24 @@ def test_pd_host_probe_reads_the_npu_table_the_prechecks_judge(tmp_path, conf, c
     assert prechecks.npu_model_problems(table, name, hbm_mb * 1024 ** 2) == []
 
 
+@pytest.mark.ansible
+def test_pd_host_probe_runs_its_two_npu_smi_calls_at_the_same_time(tmp_path):
+    """npu-smi takes about a second a call on a real host: `info -l` and `info` overlap, not add up."""
+    fake = tmp_path / "npu-smi"
+    log = tmp_path / "calls"
+    # each call records when it began and ended (monotonic clock of the same machine)
+    fake.write_text("#!/usr/bin/env python3\nimport sys, time\n"
+                    f"start = time.monotonic(); time.sleep(1.0)\n"
+                    f"open({str(log)!r}, 'a').write(f'{{start}} {{time.monotonic()}}\\n')\n"
+                    "print('ok')\n")
+    fake.chmod(0o755)
+    result = ansible_module("pd_host_probe", {"docker_socket": str(tmp_path / "none.sock"), "npu_smi": str(fake)})
+    assert result["npu_smi"]["rc"] == 0 and result["npu_smi_info"]["rc"] == 0
+    (a0, a1), (b0, b1) = [tuple(map(float, line.split())) for line in log.read_text().splitlines()]
+    # the second call began before the first ended
+    assert max(a0, b0) < min(a1, b1)
+
+
 def test_container_logs_read_every_name_in_one_run(monkeypatch):
     logs_mod = load("pd_container_logs")
     body = bytes([1, 0, 0, 0, 0, 0, 0, 6]) + b"hello\n"
@@ -468,3 +486,82 @@ def test_container_logs_read_every_name_in_one_run(monkeypatch):
 def test_docker_raw_returns_the_body_as_sent(docker_socket):
     status, body, error = pd_http.docker_raw(docker_socket, "/images/nope/json")
     assert (status, json.loads(body), error) == (404, {"message": "No such image"}, "")
+
+
+def test_pauses_start_short_and_double_up_to_the_interval():
+    gaps = pd_http.pauses(5)
+    assert [next(gaps) for _ in range(7)] == [0.25, 0.5, 1.0, 2.0, 4.0, 5.0, 5.0]
+    # an interval below the first pause is kept from the start
+    gaps = pd_http.pauses(0.1)
+    assert [next(gaps) for _ in range(3)] == [0.1, 0.1, 0.1]
+
+
+def test_wait_all_answers_soon_after_a_check_that_is_ready_within_a_second():
+    # a proxy that answers 0.6 s after the wait began: the wait ends then, not at the 5 s interval
+    clock = FakeClock()
+
+    def send(url, method, body, timeout):
+        return (200 if clock.now >= 0.6 else 0), b"", ""
+
+    results = pd_http.wait_all([{"name": "p", "url": "p", "timeout_s": 60}], 5, clock=clock, sleep=clock.sleep,
+                               send=send)
+    assert results[0]["ok"] and results[0]["attempts"] == 3 and results[0]["waited_s"] < 1.0
+    # with first_interval = interval the rounds are even (the old behaviour): the second probe only at 5 s
+    clock.now = 0
+    results = pd_http.wait_all([{"name": "p", "url": "p", "timeout_s": 60}], 5, clock=clock, sleep=clock.sleep,
+                               send=send, first_interval=5)
+    assert results[0]["ok"] and results[0]["attempts"] == 2 and results[0]["waited_s"] >= 5
+
+
+def test_wait_all_checks_a_json_list_and_sends_the_check_headers():
+    # the smoke requests: one try each (timeout_s 0), the answer must hold choices, the key goes along
+    answers = {"/ok": (200, b'{"choices": [{"text": "x"}]}', ""), "/empty": (200, b'{"choices": []}', ""),
+               "/html": (200, b"<html>", ""), "/bad": (400, b'{"error": "no chat template"}', "")}
+    sent = []
+
+    def send(url, method, body, timeout, headers=None):
+        sent.append((url, method, headers, timeout))
+        return answers[url]
+
+    checks = [{"name": n, "url": n, "timeout_s": 0, "method": "POST", "body": {}, "json_list": "choices",
+               "headers": {"Authorization": "Bearer k"}} for n in answers]
+    results = pd_http.wait_all(checks, 5, request_timeout=120, sleep=lambda s: None, send=send)
+    assert [r["ok"] for r in results] == [True, False, False, False]
+    assert [r["attempts"] for r in results] == [1, 1, 1, 1]
+    assert results[1]["error"] == "the answer has no choices" and results[1]["answer"] == '{"choices": []}'
+    assert results[2]["error"] == "the answer is not JSON, so it has no choices"
+    assert results[3]["error"] == "HTTP 400" and "no chat template" in results[3]["answer"]
+    assert "answer" not in results[0]
+    assert all(h == {"Authorization": "Bearer k"} and t == 120 for _, _, h, t in sent)
+
+
+def test_request_sends_the_extra_headers(engine):
+    seen = {}
+
+    class Echo(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802 (http.server's name)
+            seen["auth"] = self.headers.get("Authorization")
+            seen["host"] = self.headers.get("Host")
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Echo)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        status, _, _ = pd_http.request(f"http://127.0.0.1:{server.server_port}/v1/completions", "POST", {"a": 1},
+                                       headers={"Authorization": "Bearer k"})
+    finally:
+        server.shutdown()
+    assert status == 200 and seen == {"auth": "Bearer k", "host": "localhost"}
+
+
+def test_failed_summary_names_each_check_that_did_not_answer():
+    results = [{"name": "/v1/completions", "ok": True},
+               {"name": "/v1/chat/completions", "ok": False, "error": "HTTP 400", "answer": '{"error": "no template"}'},
+               {"name": "r", "ok": False, "error": ""}]
+    assert pd_http.failed_summary(results) == (
+        '2 of 3 did not answer as expected: /v1/chat/completions (HTTP 400: {"error": "no template"}); r (no answer)')
+    assert pd_http.failed_summary(results[:1]) == ""
