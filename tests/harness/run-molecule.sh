@@ -91,7 +91,7 @@ run_scenario() {
     [[ "$out" == tee ]] && dump_containers
   fi
   "$MOLECULE" destroy -s "$s" >>"$LOG_DIR/$s.log" 2>&1 || { log "molecule destroy -s $s failed"; res=FAILED; }
-  printf '%s %s %s\n' "$res" "$(awk -v a="$t0" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.1f", b - a }')" \
+  printf '%s %s %s %s\n' "$res" "$(awk -v a="$t0" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.1f", b - a }')" \
     "$(awk -v a="$T_START" -v b="$t0" 'BEGIN { printf "%.0f", b - a }')" "$(cut -d' ' -f1-2 /proc/loadavg)" \
     >"$LOG_DIR/$s.result"
   log "==== scenario $s $res in $(cut -d' ' -f2 "$LOG_DIR/$s.result")s"
