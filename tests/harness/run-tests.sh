@@ -4,9 +4,9 @@
 #   tests/harness/run-tests.sh          (from the Makefile: make test)
 #
 # The Molecule lanes (tests/harness/run-molecule.sh) mostly wait: engine start-ups, health waits, the
-# real vLLM's requests. Lint and the unit tests run beside them, in the background, their output in
-# $PD_TEST_LOGS/<step>.log (default /tmp/pd-test-logs); Molecule's foreground lane prints to the
-# terminal as before. At the end: the output of a failed lint or unit step (its last 80 lines), then
+# real vLLM's requests. Lint and the unit tests run beside them, in the background and niced (they
+# take the CPU the lanes leave), their output in $PD_TEST_LOGS/<step>.log (default
+# /tmp/pd-test-logs); Molecule's foreground lane prints to the terminal as before. At the end: the output of a failed lint or unit step (its last 80 lines), then
 # one line per step (passed/FAILED, wall time). Exit status: 0 when every step passed, 1 otherwise.
 #
 # Env: PD_TEST_SERIAL=1 runs lint, unit, molecule one after the other (the order of `make lint unit
@@ -45,9 +45,11 @@ if [[ "${PD_TEST_SERIAL:-0}" == 1 ]]; then
   step molecule tee "$MAKE" --no-print-directory molecule
 else
   log "lint and unit tests in the background (logs: $LOG_DIR/lint.log, $LOG_DIR/unit.log), Molecule here"
-  step lint log "$MAKE" --no-print-directory lint &
+  # niced: they fill the CPU the lanes leave, and never starve a lane's engine start (the real vLLM
+  # of real-engine loads its model within its health timeout on 2 cores only if it gets the CPU)
+  step lint log nice -n 10 "$MAKE" --no-print-directory lint &
   lint_pid=$!
-  step unit log "$MAKE" --no-print-directory unit &
+  step unit log nice -n 10 "$MAKE" --no-print-directory unit &
   unit_pid=$!
   step molecule tee "$MAKE" --no-print-directory molecule
   wait "$lint_pid" "$unit_pid"
