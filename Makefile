@@ -1,6 +1,7 @@
 # pd-deploy: the two commands the README promises, plus lint / bench helpers.
 #   make demo   venv + render-only run of the main playbook on the embedded inventories (no hardware)
-#   make test   venv + lint + unit/render tests + Molecule scenarios on a local Docker engine
+#   make test   venv + lint + unit/render tests + Molecule scenarios on a local Docker engine (lint and
+#               unit beside the Molecule lanes: tests/harness/run-tests.sh; PD_TEST_SERIAL=1 one by one)
 #   make collection  build/collection/pd-deploy-<version>.tar.gz (Ansible collection pd.deploy, no Galaxy)
 SHELL := /bin/bash
 PYTHON ?= python3
@@ -32,7 +33,8 @@ unit: venv
 molecule: venv
 	PATH="$(CURDIR)/$(BIN):$$PATH" bash tests/harness/run-molecule.sh
 
-test: lint unit molecule
+test: venv
+	PATH="$(CURDIR)/$(BIN):$$PATH" MAKE="$(MAKE)" bash tests/harness/run-tests.sh
 
 collection: venv
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python tools/build-collection.py

@@ -18,11 +18,15 @@
 #   PD_FAKE_NPUS     NPUs in that tree (default 8)
 #   MOLECULE         molecule command (default: the repo's .venv/bin/molecule, else PATH)
 #   PD_MOLECULE_LOGS directory for per-scenario logs (default /tmp/pd-molecule-logs)
-#   PD_MOLECULE_SIDE_LANE  scenarios run one after the other in a background lane beside the others
-#                    when more than one scenario runs (default "real-engine ops reject": real-engine mostly
-#                    waits for the real vLLM, and the two lanes take about as long; ports, clusters and
-#                    instances of the side lane are their own, tests/render/test_molecule_inventories.py
-#                    checks the ports); "" runs every scenario in order
+#   PD_MOLECULE_LANES  lanes of scenarios that run at the same time, separated by ";" (each lane runs
+#                    its scenarios one after the other); the first lane that has a scenario to run prints
+#                    to the terminal, the others only to their logs (their tails are printed when all
+#                    lanes are done). A scenario named in no lane runs in the first lane. Default:
+#                    "default harness multicluster upgrade; failure reject; rolling ops; real-engine".
+#                    The 2 cores mostly wait (engine start-ups, health waits, the real vLLM), so four
+#                    lanes take about as long as the longest. Scenarios of different lanes share no
+#                    port, container or cluster name (tests/render/test_molecule_inventories.py checks
+#                    it); "" runs every scenario in one lane, in order
 # Exit status: 0 when every scenario passed, 1 otherwise.
 set -uo pipefail  # no -e: one failed scenario must not stop the others
 
@@ -65,11 +69,12 @@ dump_containers() {
 }
 
 mkdir -p "$LOG_DIR"
+T_START=$EPOCHREALTIME
 
-# One scenario: destroy, test, destroy; its result and wall time go to $LOG_DIR/<s>.result, so a
-# scenario run in the side lane (a background subshell) reports the same way as the main lane's.
-# $2 = tee: the scenario's output also goes to the terminal (main lane); the side lane writes only
-# its log file, printed after the main lane ends.
+# One scenario: destroy, test, destroy; its result, wall time, start (seconds after this script's
+# start) and the machine's load at its end (1 and 5 minutes) go to $LOG_DIR/<s>.result, so a scenario run in a background lane reports the same way as the
+# foreground lane's. $2 = tee: the scenario's output also goes to the terminal (foreground lane); the
+# other lanes write only their log files, whose tails are printed after every lane ended.
 run_scenario() {
   local s="$1" out="$2" t0=$EPOCHREALTIME res
   log "==== scenario $s (log: $LOG_DIR/$s.log)"
@@ -86,43 +91,64 @@ run_scenario() {
     [[ "$out" == tee ]] && dump_containers
   fi
   "$MOLECULE" destroy -s "$s" >>"$LOG_DIR/$s.log" 2>&1 || { log "molecule destroy -s $s failed"; res=FAILED; }
-  printf '%s %s\n' "$res" "$(awk -v a="$t0" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.1f", b - a }')" \
+  printf '%s %s %s %s\n' "$res" "$(awk -v a="$t0" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.1f", b - a }')" \
+    "$(awk -v a="$T_START" -v b="$t0" 'BEGIN { printf "%.0f", b - a }')" "$(cut -d' ' -f1-2 /proc/loadavg)" \
     >"$LOG_DIR/$s.result"
   log "==== scenario $s $res in $(cut -d' ' -f2 "$LOG_DIR/$s.result")s"
 }
 
-# The side lane: scenarios that mostly wait on a slow engine (the real vLLM's start and its requests)
-# run in the background beside the others, which share neither ports, cluster names nor Molecule
-# instances with them (each scenario has its own). PD_MOLECULE_SIDE_LANE="" runs everything in order.
-side=()
-main_lane=()
+# The lanes (PD_MOLECULE_LANES): each scenario goes to the lane that names it (else the first); the
+# first lane with a scenario runs in the foreground (its output also on the terminal), every other in
+# a background subshell. Scenarios of different lanes share no port, container, cluster or Molecule
+# instance, so they do not see each other.
+IFS=';' read -r -a lane_specs <<<"${PD_MOLECULE_LANES-default harness multicluster upgrade; failure reject; rolling ops; real-engine}"
+((${#lane_specs[@]})) || lane_specs=("")
+lanes=()
+for _ in "${lane_specs[@]}"; do lanes+=(""); done
 for s in "${scenarios[@]}"; do
   rm -f "$LOG_DIR/$s.result"
-  if [[ " ${PD_MOLECULE_SIDE_LANE-real-engine ops reject} " == *" $s "* ]] && ((${#scenarios[@]} > 1)); then
-    side+=("$s")
-  else
-    main_lane+=("$s")
-  fi
+  lane=0
+  for i in "${!lane_specs[@]}"; do
+    if [[ " ${lane_specs[$i]} " == *" $s "* ]]; then lane=$i; break; fi
+  done
+  lanes[lane]+="$s "
 done
-side_pid=
-if ((${#side[@]})); then
-  log "side lane (in the background, output in their logs): ${side[*]}"
-  ( for s in "${side[@]}"; do run_scenario "$s" log; done ) &
-  side_pid=$!
-fi
-for s in "${main_lane[@]}"; do
-  if [[ -f "molecule/$s/molecule.yml" ]]; then
-    run_scenario "$s" tee
-  else
-    log "no scenario molecule/$s"
-    echo "missing -" >"$LOG_DIR/$s.result"
+run_lane() {  # $1 = tee | log, then the lane's scenarios
+  local out="$1" s
+  shift
+  for s in "$@"; do
+    if [[ -f "molecule/$s/molecule.yml" ]]; then
+      run_scenario "$s" "$out"
+    else
+      log "no scenario molecule/$s"
+      echo "missing -" >"$LOG_DIR/$s.result"
+    fi
+  done
+}
+fg_lane=
+bg_pids=()
+bg_scenarios=()
+for i in "${!lanes[@]}"; do
+  read -r -a members <<<"${lanes[$i]}"
+  ((${#members[@]})) || continue
+  if [[ -z "$fg_lane" ]]; then
+    fg_lane=$i
+    continue
   fi
+  log "lane $((i + 1)) (in the background, output in their logs): ${members[*]}"
+  run_lane log "${members[@]}" &
+  bg_pids+=($!)
+  bg_scenarios+=("${members[@]}")
 done
-if [[ -n "$side_pid" ]]; then
-  log "waiting for the side lane: ${side[*]}"
-  wait "$side_pid"
-  for s in "${side[@]}"; do
-    log "---- side lane: molecule test -s $s (last 60 lines of $LOG_DIR/$s.log) ----"
+read -r -a members <<<"${lanes[$fg_lane]}"
+log "lane $((fg_lane + 1)) (here): ${members[*]}"
+run_lane tee "${members[@]}"
+if ((${#bg_pids[@]})); then
+  log "waiting for the other lanes: ${bg_scenarios[*]}"
+  wait "${bg_pids[@]}"
+  for s in "${bg_scenarios[@]}"; do
+    [[ -f "$LOG_DIR/$s.log" ]] || continue
+    log "---- other lane: molecule test -s $s (last 60 lines of $LOG_DIR/$s.log) ----"
     tail -n 60 "$LOG_DIR/$s.log" >&2
   done
 fi
@@ -139,14 +165,16 @@ failure_excerpt() {
 }
 
 failed=0
+log "all lanes done in $(awk -v a="$T_START" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.0f", b - a }') s"
 for s in "${scenarios[@]}"; do
   read -r res _ <"$LOG_DIR/$s.result" 2>/dev/null || res=FAILED
   [[ "$res" == passed || "$res" == missing ]] || failure_excerpt "$s"
 done
 log "summary:"
 for s in "${scenarios[@]}"; do
-  read -r res secs <"$LOG_DIR/$s.result" 2>/dev/null || { res=FAILED; secs=-; }
+  read -r res secs at l1 l5 <"$LOG_DIR/$s.result" 2>/dev/null || { res=FAILED; secs=-; }
   [[ "$res" == passed ]] || failed=1
-  printf '[run-molecule]   %-24s %-8s %8ss\n' "$s" "$res" "$secs" >&2
+  printf '[run-molecule]   %-24s %-8s %8ss  (started at +%ss; load at its end %s %s)\n' "$s" "$res" "$secs" \
+    "${at:--}" "${l1:--}" "${l5:--}" >&2
 done
 exit "$failed"

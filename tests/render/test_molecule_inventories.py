@@ -10,6 +10,7 @@ import os
 import re
 
 import pytest
+import yaml
 
 from pd_render_helpers import REPO, assert_no_traceback, run_playbooks
 
@@ -42,16 +43,21 @@ def test_scenario_inventory_validates(runs, scenario):
     assert run.rc == 0, str(run)
 
 
-def _side_lane():
-    """The scenarios tests/harness/run-molecule.sh runs beside the others by default."""
+def _lanes():
+    """The lanes of scenarios tests/harness/run-molecule.sh runs at the same time by default."""
     text = open(os.path.join(REPO, "tests", "harness", "run-molecule.sh")).read()
-    found = re.search(r'\$\{PD_MOLECULE_SIDE_LANE-([^}]*)\}', text)
-    assert found, "run-molecule.sh no longer names its default side lane as ${PD_MOLECULE_SIDE_LANE-...}"
-    return found.group(1).split()
+    found = re.search(r'\$\{PD_MOLECULE_LANES-([^}]*)\}', text)
+    assert found, "run-molecule.sh no longer names its default lanes as ${PD_MOLECULE_LANES-...}"
+    return [lane.split() for lane in found.group(1).split(";")]
+
+
+def _all_scenarios():
+    return sorted(name for name in os.listdir(os.path.join(REPO, "molecule"))
+                  if os.path.isfile(os.path.join(REPO, "molecule", name, "molecule.yml")))
 
 
 def _port_blocks(scenario):
-    """The blocks of 100 ports a scenario's inventory and molecule.yml name (HTTP, KV, DP RPC, proxy)."""
+    """The blocks of 100 ports a scenario's inventory and molecule.yml name (HTTP, KV, DP RPC, proxy, HCCL)."""
     blocks = set()
     for root, _, files in os.walk(os.path.join(REPO, "molecule", scenario)):
         for name in files:
@@ -61,16 +67,42 @@ def _port_blocks(scenario):
     return blocks
 
 
-def test_side_lane_scenarios_share_no_port_with_the_others():
-    # the side lane runs at the same time as every other scenario on the same loopback: a shared port
-    # makes one scenario's engines answer the other's checks (CI's real-engine once failed that way
-    # beside ops, both on 21xxx)
-    side = _side_lane()
-    assert side and all(s in SCENARIOS for s in side), side
-    for s in side:
-        mine = _port_blocks(s)
-        assert mine, f"{s}: no port found"
-        for other in set(os.listdir(os.path.join(REPO, "molecule"))) - {s, "shared"}:
-            if os.path.isdir(os.path.join(REPO, "molecule", other)):
-                shared = sorted(mine & _port_blocks(other))
-                assert not shared, f"{s} and {other} both use ports {[b * 100 for b in shared]}..+99"
+def _names(scenario):
+    """The simulated hosts (Molecule platforms, else the base config's) and cluster names of a scenario:
+    the containers it creates and removes are named after them (molecule/shared/tasks/remove-siblings.yml)."""
+    def platforms(path):
+        return [p["name"] for p in (yaml.safe_load(open(path)) or {}).get("platforms") or []]
+
+    hosts = (platforms(os.path.join(REPO, "molecule", scenario, "molecule.yml"))
+             or platforms(os.path.join(REPO, ".config", "molecule", "config.yml")))
+    clusters = set()
+    for root, _, files in os.walk(os.path.join(REPO, "molecule", scenario, "inventory")):
+        for name in files:
+            if name.endswith((".yml", ".yaml")):
+                data = yaml.safe_load(open(os.path.join(root, name))) or {}
+                if isinstance(data, dict) and isinstance(data.get("pd_cluster"), dict):
+                    clusters.add(data["pd_cluster"]["name"])
+    return {f"host {h}" for h in hosts} | {f"cluster {c}" for c in clusters}
+
+
+def test_every_scenario_is_in_one_lane():
+    lanes = _lanes()
+    named = [s for lane in lanes for s in lane]
+    assert len(lanes) > 1, lanes
+    assert sorted(named) == _all_scenarios(), f"lanes {lanes} vs scenarios {_all_scenarios()}"
+
+
+def test_scenarios_of_different_lanes_share_no_port_host_or_cluster():
+    # the lanes run at the same time on the same loopback and Docker daemon: a shared port makes one
+    # scenario's engines answer the other's checks (CI's real-engine once failed that way beside ops,
+    # both on 21xxx), a shared host or cluster name makes one scenario remove the other's containers
+    lanes = _lanes()
+    for i, lane in enumerate(lanes):
+        for s in lane:
+            ports, names = _port_blocks(s), _names(s)
+            assert ports, f"{s}: no port found"
+            for other in (o for later in lanes[i + 1:] for o in later):
+                shared = sorted(ports & _port_blocks(other))
+                assert not shared, f"{s} and {other} run at the same time and both use ports {[b * 100 for b in shared]}..+99"
+                both = sorted(names & _names(other))
+                assert not both, f"{s} and {other} run at the same time and both name {both}"
