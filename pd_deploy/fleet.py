@@ -349,12 +349,12 @@ def capacity_summary(cluster, topo, specs):
             "max_num_batched_tokens": eng["max_num_batched_tokens"],
             "total_concurrency_cap": eng["max_num_seqs"] * rcfg["dp"] * rcfg["instances"],
             "offload_connector": rcfg["offload_connector"],
-            "offload_host_total_bytes": rcfg["cpu_offload_bytes"],
+            "offload_per_instance_bytes": rcfg["cpu_offload_bytes"],
             "pinned_per_container_bytes": max((s["pinned_offload_bytes"] for s in role_specs), default=0),
             "shm_per_container_bytes": max((s["shm_size_bytes"] for s in role_specs), default=0),
             "ram_headroom_bytes": {h["name"]: h["ram_bytes"] - pinned_host.get(h["name"], 0) for h in hosts},
-            "ram_guidance_bytes": capacity.ram_guidance(
-                rcfg["cpu_offload_bytes"] if rcfg["offload_connector"] != "none" else 0),
+            # the article's RAM advice is for what one host pins: the instances' shares on the host
+            "ram_guidance_bytes": capacity.ram_guidance(max(pinned_host.values(), default=0)),
         }
         entry.update(_kv_figures(cluster, role, hosts, topo))
         if role == "prefill":

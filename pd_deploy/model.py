@@ -309,9 +309,12 @@ def offload_bytes(cluster, role, host):
     """Bytes the role's offload connector gets per container on ``host``, and pinned bytes.
 
     Returns ``(connector_value, pinned_bytes_per_container)`` or ``(None, 0)`` without offload.
-    RecomputeCPUOffloadConnector takes bytes per NPU rank (host total / NPUs the role's ranks use
-    on the host); OffloadingConnector takes bytes per engine (host total / DP ranks on the host). See
-    docs/design.md "Offload arithmetic".
+    ``cpu_offload`` is the pinned CPU memory of one instance (all of its DP x TP ranks), so a
+    container's value depends only on its role's settings: adding or removing an instance (elastic
+    scale) never changes another instance's launch spec, and a host pins the sum of the instances'
+    shares it runs (the RAM rule adds them up). RecomputeCPUOffloadConnector takes bytes per NPU rank
+    (cpu_offload / (dp x tp)); OffloadingConnector takes bytes per engine (cpu_offload / dp: each
+    external-DP rank is an engine). See docs/design.md "Offload arithmetic".
     """
     rcfg = cluster["roles"][role]
     kind = rcfg["offload_connector"]
@@ -322,16 +325,11 @@ def offload_bytes(cluster, role, host):
     field = f"{role}.cpu_offload"  # errors name the inventory field, never the connector's key
     if not total:
         raise PdError(where, field, f"{kind} is on but cpu_offload is 0",
-                      f"set {field} (e.g. 200GiB per host) or {role}.offload_connector: none")
-    # DP ranks of this role placed on the host (a topology host record lists them); a host with
-    # spare NPU slots still gives its whole cpu_offload to the ranks it really runs
-    placed = sum(1 for r in host.get("ranks") or [] if r.get("role") == role)
+                      f"set {field} (e.g. 200GiB per instance) or {role}.offload_connector: none")
     if kind == "RecomputeCPUOffloadConnector":
-        npus_used = placed * rcfg["tp"] if placed else host["npus"]
-        per_rank = _split_offload(total, npus_used, "NPUs its ranks use", where, field)
+        per_rank = _split_offload(total, rcfg["dp"] * rcfg["tp"], "NPUs of an instance (dp x tp)", where, field)
         return per_rank, per_rank * rcfg["tp"]
-    engines = placed or max(1, host["npus"] // rcfg["tp"])
-    per_engine = _split_offload(total, engines, "engines (DP ranks)", where, field)
+    per_engine = _split_offload(total, rcfg["dp"], "engines of an instance (dp)", where, field)
     return per_engine, per_engine
 
 
@@ -341,7 +339,7 @@ def _split_offload(total, parts, what, where, field):
     if rest:
         down, up = total - rest, total - rest + parts
         raise PdError(where, field, f"{sizes.to_human(total)} ({total} bytes) does not divide over the {parts} "
-                      f"{what} on this host (remainder {rest} bytes)",
+                      f"{what} (remainder {rest} bytes)",
                       f"set {field} to a multiple of {parts} bytes, e.g. {sizes.to_human(down) if down else '0'} "
                       f"or {sizes.to_human(up)} ({up} bytes)")
     return share
