@@ -399,6 +399,10 @@ def compact_json(value):
     return json.dumps(value, separators=(",", ":"))
 
 
+#: where the proxy's host keeps, per proxy, the key each instance serves under (pd_proxy_drain: a restore
+#: under traffic adds an instance back under an alias of its address; module_utils/pd_drain.py)
+PROXY_STATE_DIR = "/var/lib/pd-deploy/proxy"
+
 #: proxy flags that list its backends: set live (/instances/add, /instances/remove), not in its hash
 BACKEND_FLAGS = ("--prefiller-hosts", "--prefiller-ports", "--decoder-hosts", "--decoder-ports")
 
@@ -411,7 +415,7 @@ def spec_hash(spec):
     instead of recreating it. Its command still names the backends of the launch, which a
     re-created proxy starts with.
     """
-    body = {k: v for k, v in spec.items() if k not in ("labels", "backends")}
+    body = {k: v for k, v in spec.items() if k not in ("labels", "backends", "serving_file")}
     if spec.get("kind") == "proxy":
         body["command"] = _without_backends(spec["command"])
     return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
@@ -568,6 +572,9 @@ def proxy_spec(cluster, topo):
         # the instances it serves, as it lists them (address:port): the rollout re-wires a running
         # proxy to these (pd_proxy_drain state=wired)
         "backends": {role: [f"{r['address']}:{r['port']}" for r in ranks[role]] for role in ROLES},
+        # on the proxy's host: the key each instance serves under (its address, or an alias of it after a
+        # restore under traffic), which a run reads to tell a serving key from a tainted one
+        "serving_file": f"{PROXY_STATE_DIR}/pd-{name}-proxy.serving.json",
         "health_timeout_s": 300,
     }
     spec["labels"] = _labels(cluster, spec, {})
