@@ -466,3 +466,29 @@ def test_the_proxy_spec_keeps_its_hash_when_instances_change_and_carries_the_pla
             rest = words[words.index(f"--{flag}-ports") + 1:]
             ports = rest[:next((i for i, w in enumerate(rest) if w.startswith("--")), len(rest))]
             assert [f"{h}:{p}" for h, p in zip(hosts, ports)] == proxy["backends"][role]
+
+
+def test_the_probe_reads_an_instance_listed_under_an_alias_as_its_planned_key(pd, tmp_path):
+    # pd_host_probe's wiring (what a re-run compares with the plan to find a no-op): by endpoint, with
+    # the proxy host's record of the serving key
+    import importlib.util
+    from pd_deploy.containers import wiring_differs
+    spec = importlib.util.spec_from_file_location("pd_host_probe", REPO / "library" / "pd_host_probe.py")
+    probe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(probe)
+    prefill, decode, proxy = pd
+    alias = pd_drain.alias(key(decode[0]), 1)
+    http_json("POST", proxy.url + "/instances/add", {"type": "decode", "instances": [alias]})
+    deadline = time.monotonic() + 10
+    while alias not in listed(proxy) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    path = tmp_path / "pd-c-proxy.serving.json"
+    pd_drain.recorder({}, str(path))("decode", {key(decode[0]): alias})
+    want = {"prefill": [key(prefill[0])], "decode": [key(d) for d in decode]}
+    entry = {"name": "pd-c-proxy", "hash": "h", "wiring_url": proxy.url, "backends": want, "serving_file": str(path)}
+    wiring = probe.read_wiring([entry], [{"name": "pd-c-proxy", "hash": "h", "running": True}], 5)
+    assert wiring == {"pd-c-proxy": want} and not wiring_differs({"backends": want}, wiring["pd-c-proxy"])
+    # recorded as serving nowhere (drained out): the instance is missing, a re-run wires it
+    pd_drain.recorder({}, str(path))("decode", {key(decode[0]): None})
+    wiring = probe.read_wiring([entry], [{"name": "pd-c-proxy", "hash": "h", "running": True}], 5)
+    assert wiring["pd-c-proxy"]["decode"] == [key(decode[1])] and wiring_differs({"backends": want}, wiring["pd-c-proxy"])
