@@ -403,6 +403,27 @@ def compact_json(value):
 #: under traffic adds an instance back under an alias of its address; module_utils/pd_drain.py)
 PROXY_STATE_DIR = "/var/lib/pd-deploy/proxy"
 
+#: in the proxy's container: the backend lists of the plan as proxy flags, written by the deploy into the
+#: running container after each wiring (community.docker.docker_container_copy_into). A container's own
+#: filesystem survives a restart by Docker (daemon restart, crash, restart policy), so a restarted proxy
+#: serves the plan, not its launch-time lists; the container spec stays the same when instances are
+#: added or removed. The upstream proxy's flags are argparse ``nargs="+"`` options (vllm-ascend
+#: examples/disaggregated_prefill_v1/load_balance_proxy_server_example.py, parse_args, v0.23.0 L646-L649
+#: .. main 182b75ea84 L674-L677): the file's lists, given after the launch-time ones, are the ones kept.
+PROXY_BACKENDS_FILE = "/etc/pd-proxy-backends.args"
+PROXY_SHELL = f'exec python3 "$0" "$@" $(cat {PROXY_BACKENDS_FILE} 2>/dev/null)'
+
+
+def backends_args(ranks):
+    """The proxy flags that list ``ranks`` ({prefill: [rank], decode: [rank]}), as the backends file holds
+    them: one flag and its values per line."""
+    lines = []
+    for role, flag in (("prefill", "prefiller"), ("decode", "decoder")):
+        lines.append(" ".join([f"--{flag}-hosts", *[r["address"] for r in ranks[role]]]))
+        lines.append(" ".join([f"--{flag}-ports", *[str(r["port"]) for r in ranks[role]]]))
+    return "\n".join(lines) + "\n"
+
+
 #: proxy flags that list its backends: set live (/instances/add, /instances/remove), not in its hash
 BACKEND_FLAGS = ("--prefiller-hosts", "--prefiller-ports", "--decoder-hosts", "--decoder-ports")
 
@@ -413,9 +434,9 @@ def spec_hash(spec):
     A proxy's backend lists (``backends`` and the values of BACKEND_FLAGS in its command) are left out:
     adding or removing P/D instances re-wires the running proxy (/instances/add, /instances/remove)
     instead of recreating it. Its command still names the backends of the launch, which a
-    re-created proxy starts with.
+    re-created proxy starts with; a proxy Docker restarts reads the plan's from PROXY_BACKENDS_FILE.
     """
-    body = {k: v for k, v in spec.items() if k not in ("labels", "backends", "serving_file")}
+    body = {k: v for k, v in spec.items() if k not in ("labels", "backends", "serving_file", "backends_file")}
     if spec.get("kind") == "proxy":
         body["command"] = _without_backends(spec["command"])
     return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
@@ -543,7 +564,7 @@ def proxy_spec(cluster, topo):
                       f"set pd_cluster.proxy.host to one of: {', '.join(topo['hosts'])}")
     ranks = {role: [r for i in topo["instances"] if i["role"] == role for r in i["ranks"]]
              for role in ROLES}
-    command = ["python3", proxy["script"], "--host", cluster["bind_host"], "--port", str(proxy["port"]),
+    command = ["/bin/sh", "-c", PROXY_SHELL, proxy["script"], "--host", cluster["bind_host"], "--port", str(proxy["port"]),
                "--prefiller-hosts", *[r["address"] for r in ranks["prefill"]],
                "--prefiller-ports", *[str(r["port"]) for r in ranks["prefill"]],
                "--decoder-hosts", *[r["address"] for r in ranks["decode"]],
@@ -575,6 +596,9 @@ def proxy_spec(cluster, topo):
         # on the proxy's host: the key each instance serves under (its address, or an alias of it after a
         # restore under traffic), which a run reads to tell a serving key from a tainted one
         "serving_file": f"{PROXY_STATE_DIR}/pd-{name}-proxy.serving.json",
+        # the plan's backend lists, written into the running container after each wiring: what a
+        # proxy restarted by Docker serves (its command reads them after the launch-time lists)
+        "backends_file": {"path": PROXY_BACKENDS_FILE, "content": backends_args(ranks)},
         "health_timeout_s": 300,
     }
     spec["labels"] = _labels(cluster, spec, {})

@@ -401,3 +401,94 @@ def test_joined_adds_a_new_instance_before_anything_is_drained_and_drops_nothing
         assert out["serving"]["decode"] == sorted([key(decode[0]), key(third), key(decode[1])])
     finally:
         extra.stop_all()
+
+
+# -- the proxy's backend lists survive its restart (issue 20 item 4) ----------------------------------
+
+def _proxy_through_its_command(spec, tmp_path, args_file, port):
+    """The stand-in proxy started by the proxy spec's own command (its shell wrapper), with the backends
+    file at ``args_file`` instead of the container path, on ``port``."""
+    import subprocess
+    import sys
+    from tests.fixtures.standin_procs import PROXY, Server
+    from pd_deploy import model
+    cmd = list(spec["command"])
+    assert cmd[:2] == ["/bin/sh", "-c"] and cmd[2] == model.PROXY_SHELL
+    cmd[2] = cmd[2].replace(model.PROXY_BACKENDS_FILE, str(args_file)).replace("python3", sys.executable)
+    cmd[3] = str(PROXY)
+    cmd[cmd.index("--port") + 1] = str(port)
+    cmd[cmd.index("--host") + 1] = "127.0.0.1"
+    log = open(tmp_path / f"proxy-{port}.log", "w")  # noqa: SIM115 - closed by the caller's stop
+    srv = Server.__new__(Server)
+    srv.port, srv.url, srv.log_path, srv._log = port, f"http://127.0.0.1:{port}", tmp_path / f"proxy-{port}.log", log
+    srv.proc = subprocess.Popen(cmd, env=clean_env(), stdout=log, stderr=subprocess.STDOUT)
+    srv.wait_http("/healthcheck")
+    return srv
+
+
+def test_a_restarted_proxy_serves_the_backends_file_not_its_launch_time_lists(tmp_path):
+    from pd_deploy import model
+    from tests.fixtures.standin_procs import free_port
+    launch = {"prefill": [{"address": "127.0.0.1", "port": 8100}], "decode": [{"address": "127.0.0.1", "port": 8200}]}
+    plan = {"prefill": launch["prefill"], "decode": launch["decode"] + [{"address": "127.0.0.1", "port": 8201}]}
+    spec = {"command": ["/bin/sh", "-c", model.PROXY_SHELL, "script.py", "--host", "0.0.0.0", "--port", "1",
+                        *model.backends_args(launch).split(), "--max-retries", "3"]}
+    args_file = tmp_path / "backends.args"
+    # no file yet (a proxy just created): its launch-time lists
+    first = _proxy_through_its_command(spec, tmp_path, args_file, free_port())
+    try:
+        assert pd_drain.listed_instances(first.url) == {"prefill": ["127.0.0.1:8100"], "decode": ["127.0.0.1:8200"]}
+    finally:
+        first.stop()
+    # the deploy wrote the plan after a scale-out; Docker restarts the proxy: it serves the plan
+    args_file.write_text(model.backends_args(plan))
+    again = _proxy_through_its_command(spec, tmp_path, args_file, free_port())
+    try:
+        assert pd_drain.listed_instances(again.url) == {"prefill": ["127.0.0.1:8100"],
+                                                        "decode": ["127.0.0.1:8200", "127.0.0.1:8201"]}
+    finally:
+        again.stop()
+
+
+def test_the_proxy_spec_keeps_its_hash_when_instances_change_and_carries_the_plans_lists():
+    from pd_deploy import fleet
+    from tests.unit.test_fleet import cluster_b, example_fleet
+    before = fleet.plan_fleet(example_fleet())["clusters"]["cluster_b"]["proxy"]
+    b = cluster_b()
+    b["decode"] = {"instances": 1, "dp": 2, "engine": {"block_size": 128}}  # 4 decode ranks -> 2 (b-d1 idle)
+    after = fleet.plan_fleet(example_fleet(b=b))["clusters"]["cluster_b"]["proxy"]
+    assert after["backends"] != before["backends"]
+    assert after["labels"]["pd.spec-hash"] == before["labels"]["pd.spec-hash"]
+    for proxy in (before, after):
+        words = proxy["backends_file"]["content"].split()
+        for role, flag in (("prefill", "prefiller"), ("decode", "decoder")):
+            hosts = words[words.index(f"--{flag}-hosts") + 1:words.index(f"--{flag}-ports")]
+            rest = words[words.index(f"--{flag}-ports") + 1:]
+            ports = rest[:next((i for i, w in enumerate(rest) if w.startswith("--")), len(rest))]
+            assert [f"{h}:{p}" for h, p in zip(hosts, ports)] == proxy["backends"][role]
+
+
+def test_the_probe_reads_an_instance_listed_under_an_alias_as_its_planned_key(pd, tmp_path):
+    # pd_host_probe's wiring (what a re-run compares with the plan to find a no-op): by endpoint, with
+    # the proxy host's record of the serving key
+    import importlib.util
+    from pd_deploy.containers import wiring_differs
+    spec = importlib.util.spec_from_file_location("pd_host_probe", REPO / "library" / "pd_host_probe.py")
+    probe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(probe)
+    prefill, decode, proxy = pd
+    alias = pd_drain.alias(key(decode[0]), 1)
+    http_json("POST", proxy.url + "/instances/add", {"type": "decode", "instances": [alias]})
+    deadline = time.monotonic() + 10
+    while alias not in listed(proxy) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    path = tmp_path / "pd-c-proxy.serving.json"
+    pd_drain.recorder({}, str(path))("decode", {key(decode[0]): alias})
+    want = {"prefill": [key(prefill[0])], "decode": [key(d) for d in decode]}
+    entry = {"name": "pd-c-proxy", "hash": "h", "wiring_url": proxy.url, "backends": want, "serving_file": str(path)}
+    wiring = probe.read_wiring([entry], [{"name": "pd-c-proxy", "hash": "h", "running": True}], 5)
+    assert wiring == {"pd-c-proxy": want} and not wiring_differs({"backends": want}, wiring["pd-c-proxy"])
+    # recorded as serving nowhere (drained out): the instance is missing, a re-run wires it
+    pd_drain.recorder({}, str(path))("decode", {key(decode[0]): None})
+    wiring = probe.read_wiring([entry], [{"name": "pd-c-proxy", "hash": "h", "running": True}], 5)
+    assert wiring["pd-c-proxy"]["decode"] == [key(decode[1])] and wiring_differs({"backends": want}, wiring["pd-c-proxy"])
