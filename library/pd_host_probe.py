@@ -153,8 +153,9 @@ health:
   returned: always
 wiring:
   description: For each O(containers) entry with a C(wiring_url) (a PD proxy) running its current hash, the instances
-    it lists now ({name -> {prefill, decode}}, or {name -> {error}}), read with an empty C(/instances/add), which
-    changes nothing.
+    it serves now ({name -> {prefill, decode}}, or {name -> {error}}), read with an empty C(/instances/add), which
+    changes nothing; an instance listed under an alias of a key of the entry's C(backends) reads as that key, one
+    whose key is tainted (its C(serving_file) says another key serves) not at all.
   type: dict
   returned: always
 """
@@ -167,7 +168,7 @@ import urllib.parse
 from concurrent.futures import ThreadPoolExecutor
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.pd_drain import listed_instances
+from ansible.module_utils.pd_drain import listed_instances, load_serving, serving_view, started_at
 from ansible.module_utils.pd_http import docker, wait_all
 
 LISTEN = "0A"
@@ -268,11 +269,19 @@ def current_checks(specs, containers, probe_timeout):
             for s in specs if s.get("health_url") and running.get(s["name"]) == s.get("hash")]
 
 
-def read_wiring(specs, containers, timeout):
-    """{name: instances listed} of the proxies (specs with a wiring_url) running their current hash."""
+def read_wiring(specs, containers, timeout, docker_socket=""):
+    """{name: instances served} of the proxies (specs with a wiring_url) running their current hash: an
+    instance listed under an alias of its planned key reads as that key, a tainted key not at all (the
+    spec's serving_file tells which key serves)."""
     running = {c["name"]: c["hash"] for c in containers if c["running"]}
-    return {s["name"]: listed_instances(s["wiring_url"], timeout) for s in specs
-            if s.get("wiring_url") and running.get(s["name"]) == s.get("hash")}
+    out = {}
+    for s in specs:
+        if s.get("wiring_url") and running.get(s["name"]) == s.get("hash"):
+            listed = listed_instances(s["wiring_url"], timeout)
+            serving = load_serving(s["serving_file"], started_at(docker_socket, s["name"])) \
+                if s.get("serving_file") else {}
+            out[s["name"]] = listed if "error" in listed else serving_view(listed, s.get("backends") or {}, serving)
+    return out
 
 
 def run_npu_smi(module, path, *args):
@@ -420,7 +429,7 @@ def main():
         hccn = pool.submit(run_hccn, module, p["hccn"], skip)
         compat = run_compat(sock, p["compat"]) if ok and not settled else None
         health = wait_all(current_checks(p["containers"], containers, p["probe_timeout"]), p["probe_interval"])
-        wiring = read_wiring(p["containers"], containers, p["probe_timeout"])
+        wiring = read_wiring(p["containers"], containers, p["probe_timeout"], sock)
         result = {
             "changed": False,
             "stats": stat_paths(p["paths"]),

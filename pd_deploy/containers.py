@@ -177,7 +177,8 @@ def probe_specs(specs):
     its instance lists are read from), with the image reference the probe resolves."""
     return [dict({"name": s["name"], "hash": s["labels"]["pd.spec-hash"], "health_url": s.get("health_url") or "",
                   "image": s.get("image") or ""},
-                 **({"wiring_url": f"http://127.0.0.1:{s['ports']['http']}"} if s.get("kind") == "proxy" else {}))
+                 **({"wiring_url": f"http://127.0.0.1:{s['ports']['http']}", "backends": s.get("backends") or {},
+                     "serving_file": s.get("serving_file") or ""} if s.get("kind") == "proxy" else {}))
             for s in specs]
 
 
@@ -294,8 +295,9 @@ def moved_image_warnings(moves):
 
 
 def wiring_differs(proxy, wiring):
-    """Whether a running proxy lists other instances than its spec's backends (``wiring`` is
-    pd_host_probe's reading for it; None or an error: not known, so no)."""
+    """Whether a running proxy serves other instances than its spec's backends (``wiring`` is
+    pd_host_probe's reading for it, where an alias of a planned instance reads as the planned key and
+    a tainted one not at all; None or an error: not known, so no)."""
     if not proxy or not isinstance(wiring, Mapping) or "error" in wiring:
         return False
     want = proxy.get("backends") or {}

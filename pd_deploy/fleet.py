@@ -350,12 +350,12 @@ def capacity_summary(cluster, topo, specs):
             "max_num_batched_tokens": eng["max_num_batched_tokens"],
             "total_concurrency_cap": eng["max_num_seqs"] * rcfg["dp"] * rcfg["instances"],
             "offload_connector": rcfg["offload_connector"],
-            "offload_host_total_bytes": rcfg["cpu_offload_bytes"],
+            "offload_per_instance_bytes": rcfg["cpu_offload_bytes"],
             "pinned_per_container_bytes": max((s["pinned_offload_bytes"] for s in role_specs), default=0),
             "shm_per_container_bytes": max((s["shm_size_bytes"] for s in role_specs), default=0),
             "ram_headroom_bytes": {h["name"]: h["ram_bytes"] - pinned_host.get(h["name"], 0) for h in hosts},
-            "ram_guidance_bytes": capacity.ram_guidance(
-                rcfg["cpu_offload_bytes"] if rcfg["offload_connector"] != "none" else 0),
+            # the article's RAM advice is for what one host pins: the instances' shares on the host
+            "ram_guidance_bytes": capacity.ram_guidance(max(pinned_host.values(), default=0)),
         }
         entry.update(_kv_figures(cluster, role, hosts, topo))
         if role == "prefill":
@@ -594,8 +594,10 @@ def rollout_waves(plan, cluster, role, probes):
 
     Without drain waves 1 and 3 are one wave: a version row or image change of a cluster with one
     instance per role replaces its prefill and decode ranks together. Returns [{label, role, names,
-    drain: [proxy keys], proxy_host, proxy_url, timeout_s}] (role: the role the wave drains, or the
-    roles of the wave joined with "+").
+    drain: [proxy keys], proxy_host, proxy_url, proxy_name, serving_file, join, timeout_s}] (role: the
+    role the wave drains, or the roles of the wave joined with "+"; join: {role: [keys]} the proxy must
+    serve before a drain wave drains - every instance of the plan, so the ones wave 1 started are
+    added before any serving instance is taken out).
     """
     roles = list(ENGINE_ROLES) if role == "all" else [role]
     summary = plan["clusters"][cluster]
@@ -637,7 +639,12 @@ def rollout_waves(plan, cluster, role, probes):
                + together(undrained, "replaced without drain (no other instance serves their role)"))
     for wave in out:
         wave.update(proxy_host=proxy["host"] if proxy else None, timeout_s=timeout,
-                    proxy_url=f"http://127.0.0.1:{proxy['ports']['http']}" if proxy else None)
+                    proxy_url=f"http://127.0.0.1:{proxy['ports']['http']}" if proxy else None,
+                    proxy_name=proxy["name"] if proxy else None,
+                    serving_file=(proxy or {}).get("serving_file") or "",
+                    # what the proxy must serve before this wave drains (issue 20 item 4): instances
+                    # started by an earlier wave join first, so the role never runs out of instances
+                    join=(proxy or {}).get("backends") or {} if wave["drain"] else {})
     return out
 
 

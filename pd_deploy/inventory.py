@@ -138,9 +138,18 @@ def fact_violations(name, hv):
     """Violations for missing or unusable required host facts (no silent default)."""
     out = []
     try:
-        host_address(name, hv)
+        address = host_address(name, hv)
     except PdError as exc:
         out.append(_v("error", exc.where, exc.field, exc.problem, exc.fix))
+    else:
+        if ":" in address:
+            # vllm-ascend's proxy splits each instance of /instances/add|remove at ":" into exactly two parts
+            # (parse_server_addresses, v0.23.0 .. main 182b75ea84): an IPv6 instance gets HTTP 500
+            out.append(_v("warning", name, "pd_host_address" if hv.get("pd_host_address") is not None else "ansible_host",
+                          f"{address} is an IPv6 address: the proxy takes it on its command line, but cannot add or "
+                          "remove it while it runs, so rolling updates cannot drain these ranks and a scale-out "
+                          "cannot add them without recreating the proxy",
+                          "set pd_host_address: <IPv4 address of the NIC> (README, Downtime of a rollout)"))
     for field, what, fix in REQUIRED:
         if hv.get(field) is None:
             out.append(_v("error", name, field, f"missing: {what} has no default", fix))

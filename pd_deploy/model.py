@@ -307,9 +307,12 @@ def offload_bytes(cluster, role, host):
     """Bytes the role's offload connector gets per container on ``host``, and pinned bytes.
 
     Returns ``(connector_value, pinned_bytes_per_container)`` or ``(None, 0)`` without offload.
-    RecomputeCPUOffloadConnector takes bytes per NPU rank (host total / NPUs the role's ranks use
-    on the host); OffloadingConnector takes bytes per engine (host total / DP ranks on the host). See
-    docs/design.md "Offload arithmetic".
+    ``cpu_offload`` is the pinned CPU memory of one instance (all of its DP x TP ranks), so a
+    container's value depends only on its role's settings: adding or removing an instance (elastic
+    scale) never changes another instance's launch spec, and a host pins the sum of the instances'
+    shares it runs (the RAM rule adds them up). RecomputeCPUOffloadConnector takes bytes per NPU rank
+    (cpu_offload / (dp x tp)); OffloadingConnector takes bytes per engine (cpu_offload / dp: each
+    external-DP rank is an engine). See docs/design.md "Offload arithmetic".
     """
     rcfg = cluster["roles"][role]
     kind = rcfg["offload_connector"]
@@ -320,16 +323,11 @@ def offload_bytes(cluster, role, host):
     field = f"{role}.cpu_offload"  # errors name the inventory field, never the connector's key
     if not total:
         raise PdError(where, field, f"{kind} is on but cpu_offload is 0",
-                      f"set {field} (e.g. 200GiB per host) or {role}.offload_connector: none")
-    # DP ranks of this role placed on the host (a topology host record lists them); a host with
-    # spare NPU slots still gives its whole cpu_offload to the ranks it really runs
-    placed = sum(1 for r in host.get("ranks") or [] if r.get("role") == role)
+                      f"set {field} (e.g. 200GiB per instance) or {role}.offload_connector: none")
     if kind == "RecomputeCPUOffloadConnector":
-        npus_used = placed * rcfg["tp"] if placed else host["npus"]
-        per_rank = _split_offload(total, npus_used, "NPUs its ranks use", where, field)
+        per_rank = _split_offload(total, rcfg["dp"] * rcfg["tp"], "NPUs of an instance (dp x tp)", where, field)
         return per_rank, per_rank * rcfg["tp"]
-    engines = placed or max(1, host["npus"] // rcfg["tp"])
-    per_engine = _split_offload(total, engines, "engines (DP ranks)", where, field)
+    per_engine = _split_offload(total, rcfg["dp"], "engines of an instance (dp)", where, field)
     return per_engine, per_engine
 
 
@@ -339,7 +337,7 @@ def _split_offload(total, parts, what, where, field):
     if rest:
         down, up = total - rest, total - rest + parts
         raise PdError(where, field, f"{sizes.to_human(total)} ({total} bytes) does not divide over the {parts} "
-                      f"{what} on this host (remainder {rest} bytes)",
+                      f"{what} (remainder {rest} bytes)",
                       f"set {field} to a multiple of {parts} bytes, e.g. {sizes.to_human(down) if down else '0'} "
                       f"or {sizes.to_human(up)} ({up} bytes)")
     return share
@@ -399,6 +397,31 @@ def compact_json(value):
     return json.dumps(value, separators=(",", ":"))
 
 
+#: where the proxy's host keeps, per proxy, the key each instance serves under (pd_proxy_drain: a restore
+#: under traffic adds an instance back under an alias of its address; module_utils/pd_drain.py)
+PROXY_STATE_DIR = "/var/lib/pd-deploy/proxy"
+
+#: in the proxy's container: the backend lists of the plan as proxy flags, written by the deploy into the
+#: running container after each wiring (community.docker.docker_container_copy_into). A container's own
+#: filesystem survives a restart by Docker (daemon restart, crash, restart policy), so a restarted proxy
+#: serves the plan, not its launch-time lists; the container spec stays the same when instances are
+#: added or removed. The upstream proxy's flags are argparse ``nargs="+"`` options (vllm-ascend
+#: examples/disaggregated_prefill_v1/load_balance_proxy_server_example.py, parse_args, v0.23.0 L646-L649
+#: .. main 182b75ea84 L674-L677): the file's lists, given after the launch-time ones, are the ones kept.
+PROXY_BACKENDS_FILE = "/etc/pd-proxy-backends.args"
+PROXY_SHELL = f'exec python3 "$0" "$@" $(cat {PROXY_BACKENDS_FILE} 2>/dev/null)'
+
+
+def backends_args(ranks):
+    """The proxy flags that list ``ranks`` ({prefill: [rank], decode: [rank]}), as the backends file holds
+    them: one flag and its values per line."""
+    lines = []
+    for role, flag in (("prefill", "prefiller"), ("decode", "decoder")):
+        lines.append(" ".join([f"--{flag}-hosts", *[r["address"] for r in ranks[role]]]))
+        lines.append(" ".join([f"--{flag}-ports", *[str(r["port"]) for r in ranks[role]]]))
+    return "\n".join(lines) + "\n"
+
+
 #: proxy flags that list its backends: set live (/instances/add, /instances/remove), not in its hash
 BACKEND_FLAGS = ("--prefiller-hosts", "--prefiller-ports", "--decoder-hosts", "--decoder-ports")
 
@@ -409,9 +432,9 @@ def spec_hash(spec):
     A proxy's backend lists (``backends`` and the values of BACKEND_FLAGS in its command) are left out:
     adding or removing P/D instances re-wires the running proxy (/instances/add, /instances/remove)
     instead of recreating it. Its command still names the backends of the launch, which a
-    re-created proxy starts with.
+    re-created proxy starts with; a proxy Docker restarts reads the plan's from PROXY_BACKENDS_FILE.
     """
-    body = {k: v for k, v in spec.items() if k not in ("labels", "backends")}
+    body = {k: v for k, v in spec.items() if k not in ("labels", "backends", "serving_file", "backends_file")}
     if spec.get("kind") == "proxy":
         body["command"] = _without_backends(spec["command"])
     return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
@@ -538,7 +561,7 @@ def proxy_spec(cluster, topo):
                       f"set pd_cluster.proxy.host to one of: {', '.join(topo['hosts'])}")
     ranks = {role: [r for i in topo["instances"] if i["role"] == role for r in i["ranks"]]
              for role in ROLES}
-    command = ["python3", proxy["script"], "--host", cluster["bind_host"], "--port", str(proxy["port"]),
+    command = ["/bin/sh", "-c", PROXY_SHELL, proxy["script"], "--host", cluster["bind_host"], "--port", str(proxy["port"]),
                "--prefiller-hosts", *[r["address"] for r in ranks["prefill"]],
                "--prefiller-ports", *[str(r["port"]) for r in ranks["prefill"]],
                "--decoder-hosts", *[r["address"] for r in ranks["decode"]],
@@ -567,6 +590,12 @@ def proxy_spec(cluster, topo):
         # the instances it serves, as it lists them (address:port): the rollout re-wires a running
         # proxy to these (pd_proxy_drain state=wired)
         "backends": {role: [f"{r['address']}:{r['port']}" for r in ranks[role]] for role in ROLES},
+        # on the proxy's host: the key each instance serves under (its address, or an alias of it after a
+        # restore under traffic), which a run reads to tell a serving key from a tainted one
+        "serving_file": f"{PROXY_STATE_DIR}/pd-{name}-proxy.serving.json",
+        # the plan's backend lists, written into the running container after each wiring: what a
+        # proxy restarted by Docker serves (its command reads them after the launch-time lists)
+        "backends_file": {"path": PROXY_BACKENDS_FILE, "content": backends_args(ranks)},
         "health_timeout_s": 300,
     }
     spec["labels"] = _labels(cluster, spec, {})

@@ -74,7 +74,7 @@ def capacity_markdown(name, summary):
         ("recommended batched tokens per DP group",
          lambda e: str(e["recommended_batched_tokens"]["recommended"]) if "recommended_batched_tokens" in e else "-"),
         ("offload connector", lambda e: e["offload_connector"]),
-        ("offload per host", lambda e: _h(e["offload_host_total_bytes"])),
+        ("offload per instance", lambda e: _h(e["offload_per_instance_bytes"])),
         ("pinned per container", lambda e: _h(e["pinned_per_container_bytes"])),
         ("shm per container", lambda e: _h(e["shm_per_container_bytes"])),
         ("min RAM headroom (RAM - pinned)", lambda e: _h(min(e["ram_headroom_bytes"].values()))),

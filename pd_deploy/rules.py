@@ -538,7 +538,7 @@ def rule_offload_bytes(ctx):
         if kind != "none" and total == 0:
             out.append(_v("error", _where(ctx, role), f"{role}.cpu_offload",
                           f"{kind} is on but cpu_offload is 0",
-                          f"set {role}.cpu_offload (e.g. 200GiB per host) or offload_connector: none"))
+                          f"set {role}.cpu_offload (e.g. 200GiB per instance) or offload_connector: none"))
         if kind == "none" and total > 0:
             out.append(_v("warning", _where(ctx, role), f"{role}.cpu_offload",
                           f"cpu_offload is {sizes.to_human(total)} but offload_connector is none: nothing uses it",

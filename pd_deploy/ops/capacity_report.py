@@ -78,7 +78,7 @@ def capacity_report(summary, baseline=None, config=None):
             "max_num_seqs_per_dp_group": cap["max_num_seqs_per_dp_group"],
             "max_num_batched_tokens": cap["max_num_batched_tokens"],
             "offload_connector": cap["offload_connector"],
-            "offload_host_total_bytes": cap["offload_host_total_bytes"],
+            "offload_per_instance_bytes": cap["offload_per_instance_bytes"],
             "pinned_per_container_bytes": cap["pinned_per_container_bytes"],
             "shm_per_container_bytes": cap["shm_per_container_bytes"],
             "ram_headroom_bytes": dict(cap["ram_headroom_bytes"]),
@@ -154,7 +154,7 @@ def _capacity_markdown(report):
                    f"({e['memory_at_configured_concurrency']['share_of_budget']:.0%})")
         if "memory_at_configured_concurrency" in e else "-")
     row("offload connector", lambda e: e["offload_connector"])
-    row("offload pool per host", lambda e: common.human(e["offload_host_total_bytes"]))
+    row("offload pool per instance", lambda e: common.human(e["offload_per_instance_bytes"]))
     row("pinned / shm per container", lambda e: f"{common.human(e['pinned_per_container_bytes'])} / {common.human(e['shm_per_container_bytes'])}")
     row("min RAM headroom (RAM - pinned)", lambda e: common.human(e["min_ram_headroom_bytes"]))
     notes = [f"- {role}: {n}" for role in cols for n in roles[role]["notes"]]

@@ -227,11 +227,12 @@ def test_cluster_b_decode_instance_spans_two_hosts(specs):
         assert spec["env"]["HCCL_IF_IP"] == inventory_address(spec["host"])
 
 
-def test_cluster_b_decode_offload_follows_its_128gib(specs):
+def test_cluster_b_decode_offload_follows_its_256gib_per_instance(specs):
+    # one DP4 x TP4 instance over two 8-NPU hosts: 256GiB over its 16 NPUs, 128GiB pinned per host
     spec = specs["pd-cluster_b-decode0-dp2"]
     per_rank = kv(spec)["kv_connector_extra_config"]["connectors"][1]["kv_connector_extra_config"][
         "cpu_bytes_to_use_per_rank"]
-    assert per_rank == 128 * GIB // 8
+    assert per_rank == 256 * GIB // 16
     assert spec["pinned_offload_bytes"] == per_rank * 4
     # shm left to auto: pinned x 1.28 rounded up to whole GiB
     assert spec["shm_size_bytes"] == -(-spec["pinned_offload_bytes"] * 128 // (100 * GIB)) * GIB

@@ -57,6 +57,17 @@ def test_an_address_that_is_not_an_ip_is_refused():
     assert found and "not an IP address" in found[0]["message"] and "pd_host_address" in found[0]["fix"]
 
 
+def test_an_ipv6_address_is_a_warning_that_the_proxy_cannot_add_or_remove_it_live():
+    # issue 20: upstream's /instances/add|remove split each instance at ":" (parse_server_addresses)
+    f = example_fleet()
+    host_vars(f, "a-d0")["pd_host_address"] = "fd00::12"
+    found = [v for v in plan_of(f)["violations"] if v["where"] == "a-d0" and v["field"] == "pd_host_address"]
+    assert [v["level"] for v in found] == ["warning"], found
+    assert "IPv6" in found[0]["message"] and "cannot add or remove it while it runs" in found[0]["message"]
+    assert "IPv4" in found[0]["fix"]
+    assert not [v for v in plan_of(example_fleet())["violations"] if "IPv6" in v["message"]]
+
+
 # ---- unknown pd_* keys ------------------------------------------------------------------------------
 
 def test_a_mistyped_host_key_is_refused_by_name_with_a_suggestion():

@@ -752,9 +752,12 @@ def test_a_single_instance_is_not_drained_and_nothing_to_do_is_no_wave():
     # cluster_b has one decode instance: nothing else would serve while it is drained, so no drain
     rank = probes["b-d1"]["containers"][0]
     rank["hash"] = "older"
+    proxy = plan["clusters"]["cluster_b"]["proxy"]
     assert _waves(plan, probes) == [{"label": "decode ranks started together", "role": "decode",
                                      "names": [rank["name"]], "drain": [],
-                                     "proxy_host": "b-p0", "proxy_url": "http://127.0.0.1:8000", "timeout_s": 60}]
+                                     "proxy_host": "b-p0", "proxy_url": "http://127.0.0.1:8000", "timeout_s": 60,
+                                     "proxy_name": proxy["name"], "serving_file": proxy["serving_file"], "join": {}}]
+    assert proxy["serving_file"].endswith(f"/{proxy['name']}.serving.json")
 
 
 def test_several_serving_instances_roll_one_at_a_time_after_the_new_ones():
@@ -780,6 +783,11 @@ def test_several_serving_instances_roll_one_at_a_time_after_the_new_ones():
     waves = _waves(plan, probes)
     assert [(w["label"], w["drain"]) for w in waves] == [
         ("decode ranks started together", []), ("decode instance 1", [r["key"] for r in insts[1]["ranks"]])]
+    # issue 20 item 4: before the drain wave takes instance 1 out, the proxy must serve every instance of
+    # the plan, the one the first wave started included (a scale-out never leaves decode without one)
+    backends = plan["clusters"]["cluster_b"]["proxy"]["backends"]
+    assert [w["join"] for w in waves] == [{}, backends]
+    assert set(backends["decode"]) == {r["key"] for i in insts for r in i["ranks"]}
     # the proxy not running: nothing to drain from, one wave
     proxy = plan["clusters"]["cluster_b"]["proxy"]["name"]
     for c in probes["b-p0"]["containers"]:

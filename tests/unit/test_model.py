@@ -373,8 +373,8 @@ def test_prefill_tp8_single_engine_gets_the_whole_host_total():
     assert child(kv_config(spec), "OffloadingConnector")["kv_connector_extra_config"]["cpu_bytes_to_use"] == 200 * GIB
 
 
-def test_host_with_a_spare_slot_still_gives_the_whole_offload_to_its_ranks():
-    # DP1 x TP4 on an 8-NPU host: one engine, four NPUs used; cpu_offload is the host total
+def test_offload_is_per_instance_a_host_with_a_spare_slot_pins_one_instances_share():
+    # DP1 x TP4 on an 8-NPU host: one engine, four NPUs; cpu_offload is what one instance pins
     raw = raw_cluster(prefill={"dp": 1, "offload_connector": "OffloadingConnector", "cpu_offload": "200GiB"},
                       decode={"dp": 1, "offload_connector": "RecomputeCPUOffloadConnector", "cpu_offload": "200GiB",
                               "recompute_scheduler": True})
@@ -385,6 +385,40 @@ def test_host_with_a_spare_slot_still_gives_the_whole_offload_to_its_ranks():
         "cpu_bytes_to_use_per_rank"]
     assert per_rank == 200 * GIB // 4
     assert pre["pinned_offload_bytes"] == dec["pinned_offload_bytes"] == 200 * GIB
+
+
+def test_an_instance_spanning_two_hosts_splits_its_offload_over_them():
+    # DP2 x TP4 on two 4-NPU decode hosts: one instance, 200GiB over its 8 NPUs, 100GiB pinned per host
+    raw = raw_cluster(decode={"dp": 2, "offload_connector": "RecomputeCPUOffloadConnector", "cpu_offload": "200GiB",
+                              "recompute_scheduler": True})
+    hosts = [host("a-p0", "prefill", "10.0.0.11"), host("a-d0", "decode", "10.0.0.12", pd_npus=4),
+             host("a-d1", "decode", "10.0.0.13", pd_npus=4)]
+    _, _, _, specs = plan(raw, hosts)
+    for name in ("pd-cluster_a-decode0-dp0", "pd-cluster_a-decode0-dp1"):
+        assert child(kv_config(specs[name]), "RecomputeCPUOffloadConnector")["kv_connector_extra_config"][
+            "cpu_bytes_to_use_per_rank"] == 26843545600
+        assert specs[name]["pinned_offload_bytes"] == 100 * GIB
+    assert {specs[n]["host"] for n in ("pd-cluster_a-decode0-dp0", "pd-cluster_a-decode0-dp1")} == {"a-d0", "a-d1"}
+
+
+@pytest.mark.parametrize("role", ["prefill", "decode"])
+def test_scaling_a_role_out_and_in_leaves_the_other_instances_launch_specs_unchanged(role):
+    """Elastic scale starts or removes only the changed instance's ranks (README "Scaling out and in"):
+    the offload budget is per instance, so the running instance's spec hash does not move."""
+    def cluster_with(instances):
+        roles = {"prefill": {"dp": 1, "offload_connector": "OffloadingConnector", "cpu_offload": "64GiB"},
+                 "decode": {"dp": 1, "offload_connector": "RecomputeCPUOffloadConnector", "cpu_offload": "64GiB",
+                            "recompute_scheduler": True}}
+        roles[role]["instances"] = instances
+        return plan(raw_cluster(version="main", image="quay.io/ascend/vllm-ascend:nightly-main", **roles))[3]
+
+    one, two = cluster_with(1), cluster_with(2)
+    existing = f"pd-cluster_a-{role}0-dp0"
+    assert f"pd-cluster_a-{role}1-dp0" in two and f"pd-cluster_a-{role}1-dp0" not in one
+    assert model.spec_hash(one[existing]) == model.spec_hash(two[existing])
+    assert one[existing]["pinned_offload_bytes"] == two[f"pd-cluster_a-{role}1-dp0"]["pinned_offload_bytes"] > 0
+    if role == "decode":  # engine ids count prefill first (upstream's numbering): decode scale moves no id
+        assert model.spec_hash(one["pd-cluster_a-prefill0-dp0"]) == model.spec_hash(two["pd-cluster_a-prefill0-dp0"])
 
 
 def test_no_offload_means_no_offload_child_and_nothing_pinned():

@@ -43,3 +43,36 @@ def test_without_proxy_down_the_messages_blame_nobody(down):
     assert drain.startswith("decode instance 0: not drained after 3.0 s (proxy.drain_timeout_s); requests"), drain
     assert restore.startswith("decode instance 0: the proxy does not list 127.0.0.1:8200 after 3.0 s."), restore
     assert "is down" not in drain + restore
+
+
+def test_the_hand_made_add_names_the_spelling_the_restore_used():
+    # issue 20: under traffic the rank comes back under an alias; an add of its tainted key is ignored
+    _, message = _messages()
+    result = {"waited_s": 3.0, "error": "", "missing": ["127.0.0.1:8200"], "missing_as": ["0x7f.0.0.1:8200"]}
+    variables = {"_pd_engine_wave": WAVE, "__pd_engine_restore": result}
+    text = " ".join(Templar(loader=DataLoader(), variables=variables).template(trust_as_template(message)).split())
+    assert '"instances": ["0x7f.0.0.1:8200"]' in text and "another spelling of their address" in text, text
+    assert "the proxy does not list 127.0.0.1:8200 after 3.0 s" in text
+
+
+def _refusal():
+    with open(os.path.join(REPO, "roles", "pd_engine", "tasks", "wave.yml"), encoding="utf-8") as handle:
+        return next(t for t in yaml.safe_load(handle) if t["name"].startswith("Refuse to drain the last instance"))
+
+
+@pytest.mark.parametrize(("serving", "refused"), [
+    ({"decode": ["127.0.0.1:8200"]}, True),  # only the instance the wave drains serves
+    ({"decode": ["127.0.0.1:8200", "127.0.0.1:8201"]}, False),
+    ({}, False),  # the proxy did not answer: the drain says it is down
+])
+def test_a_drain_that_would_leave_the_role_without_a_serving_instance_is_refused(serving, refused):
+    task = _refusal()
+    join = {"serving": serving, "error": "", "restores": {"decode": {"missing": ["127.0.0.1:8201"], "waited_s": 60.0}}}
+    wave = dict(WAVE, drain=["127.0.0.1:8200"])
+    variables = {"_pd_engine_wave": wave, "__pd_engine_join": join, "_pd_engine_drains": True}
+    templar = Templar(loader=DataLoader(), variables=variables)
+    assert all(templar.template(trust_as_template("{{ " + c + " }}")) for c in task["when"]) is refused
+    if refused:
+        text = " ".join(templar.template(trust_as_template(task["ansible.builtin.fail"]["msg"])).split())
+        assert text.startswith("decode instance 0: not drained, nothing replaced. The proxy http://127.0.0.1:8000 on a-p0 "
+                               "serves no other decode instance (it serves 127.0.0.1:8200; it did not take 127.0.0.1:8201"), text
