@@ -417,8 +417,10 @@ def test_scaling_a_role_out_and_in_leaves_the_other_instances_launch_specs_uncha
     assert f"pd-cluster_a-{role}1-dp0" in two and f"pd-cluster_a-{role}1-dp0" not in one
     assert model.spec_hash(one[existing]) == model.spec_hash(two[existing])
     assert one[existing]["pinned_offload_bytes"] == two[f"pd-cluster_a-{role}1-dp0"]["pinned_offload_bytes"] > 0
-    if role == "decode":  # engine ids count prefill first (upstream's numbering): decode scale moves no id
-        assert model.spec_hash(one["pd-cluster_a-prefill0-dp0"]) == model.spec_hash(two["pd-cluster_a-prefill0-dp0"])
+    # nor the other role's: no engine id is rendered (the engine makes one per process), so scaling
+    # prefill no longer renumbers decode as upstream's tutorial numbering (prefill first) did
+    other = "decode" if role == "prefill" else "prefill"
+    assert model.spec_hash(one[f"pd-cluster_a-{other}0-dp0"]) == model.spec_hash(two[f"pd-cluster_a-{other}0-dp0"])
 
 
 def test_no_offload_means_no_offload_child_and_nothing_pinned():
