@@ -12,18 +12,11 @@ import time
 
 import pytest
 
-from tests.fixtures.standin_procs import REPO, Servers, clean_env
+from tests.fixtures.standin_procs import REPO, clean_env
 
 LOAD = REPO / "molecule" / "shared" / "files" / "load.py"
 COMMON = ("--served-model-name", "deepseek-v4-flash", "--max-model-len", "8192")
 TOKEN_S = "0.05"
-
-
-@pytest.fixture
-def servers(tmp_path):
-    s = Servers(tmp_path)
-    yield s
-    s.stop_all()
 
 
 @pytest.fixture

@@ -16,7 +16,7 @@ import urllib.request
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.fixtures.standin_procs import HOST, Servers, clean_env, free_port, http, http_json, run_engine
+from tests.fixtures.standin_procs import HOST, clean_env, free_port, http, http_json, run_engine
 
 GIB = 1024**3
 MB_CONSUMER = json.dumps({"kv_connector": "MooncakeConnectorV1", "kv_role": "kv_consumer",
@@ -26,13 +26,6 @@ MB_PRODUCER = json.dumps({"kv_connector": "MooncakeConnectorV1", "kv_role": "kv_
 KV_BOTH = json.dumps({"kv_connector": "OffloadingConnector", "kv_role": "kv_both"})
 RECOMPUTE_NESTED = json.dumps({"scheduler_config": {"recompute_scheduler_enable": True}})
 RECOMPUTE_TOP = json.dumps({"recompute_scheduler_enable": True})
-
-
-@pytest.fixture
-def servers(tmp_path):
-    s = Servers(tmp_path)
-    yield s
-    s.stop_all()
 
 
 def kv_lines(text: str) -> dict:

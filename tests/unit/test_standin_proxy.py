@@ -15,20 +15,13 @@ import urllib.request
 
 import pytest
 
-from tests.fixtures.standin_procs import PROXY, Servers, clean_env, http, http_json
+from tests.fixtures.standin_procs import PROXY, clean_env, http, http_json
 
 P_KTC = json.dumps({"kv_connector": "MooncakeConnectorV1", "kv_role": "kv_producer", "engine_id": "0",
                     "kv_port": "30000"})
 D_KTC = json.dumps({"kv_connector": "MooncakeConnectorV1", "kv_role": "kv_consumer", "engine_id": "1",
                     "kv_port": "30100"})
 COMMON = ("--served-model-name", "dsv4", "--max-model-len", "8192", "--no-disable-hybrid-kv-cache-manager")
-
-
-@pytest.fixture
-def servers(tmp_path):
-    s = Servers(tmp_path)
-    yield s
-    s.stop_all()
 
 
 @pytest.fixture
