@@ -34,6 +34,21 @@ MARKER=".pd-fake-ascend-root"
 
 die() { printf '[ascend-root] %s\n' "$*" >&2; exit 1; }
 
+# put DEST MODE < content: replace DEST only when its content differs, by a rename (atomic): scenarios
+# of another run (another lane, another worktree) may run npu-smi or read version.info at any moment,
+# and a truncated or half-copied file made one of them fail its prechecks
+put() {
+  local dest="$1" mode="$2" tmp
+  tmp="$(mktemp "$dest.XXXXXX")" || die "cannot write next to $dest"
+  cat >"$tmp"
+  if cmp -s "$tmp" "$dest"; then
+    rm -f "$tmp"
+    chmod "$mode" "$dest"
+  else
+    chmod "$mode" "$tmp" && mv -f "$tmp" "$dest"
+  fi
+}
+
 [[ $# -ge 1 && $# -le 2 ]] || die "usage: $0 DIR [NPUS]"
 DIR="$1"
 NPUS="${2:-8}"
@@ -47,7 +62,7 @@ fi
 [[ "$(id -u)" == 0 ]] || die "must run as root (mknod)"
 
 mkdir -p "$DIR"
-echo "fake Ascend host tree made by tests/harness/ascend-root.sh; NPUS=$NPUS" >"$DIR/$MARKER"
+echo "fake Ascend host tree made by tests/harness/ascend-root.sh; NPUS=$NPUS" | put "$DIR/$MARKER" 0644
 
 # --- device nodes: char 1:3, the same numbers as /dev/null
 mkdir -p "$DIR/dev"
@@ -71,17 +86,17 @@ done
 # --- driver, tools and config files
 mkdir -p "$DIR/usr/local/dcmi" "$DIR/usr/local/bin" \
   "$DIR/usr/local/Ascend/driver/lib64" "$DIR/usr/local/Ascend/driver/tools" "$DIR/etc"
-echo "placeholder: fake DCMI directory (tests/harness/ascend-root.sh)" >"$DIR/usr/local/dcmi/FAKE_DCMI"
+echo "placeholder: fake DCMI directory (tests/harness/ascend-root.sh)" | put "$DIR/usr/local/dcmi/FAKE_DCMI" 0644
 echo "placeholder: fake driver libraries (tests/harness/ascend-root.sh)" \
-  >"$DIR/usr/local/Ascend/driver/lib64/FAKE_DRIVER_LIB64"
-install -m 0755 "$FIXTURES/npu-smi" "$DIR/usr/local/bin/npu-smi"
+  | put "$DIR/usr/local/Ascend/driver/lib64/FAKE_DRIVER_LIB64" 0644
+put "$DIR/usr/local/bin/npu-smi" 0755 <"$FIXTURES/npu-smi"
 printf 'PD_FAKE_NPUS=%s\nPD_FAKE_NPU_NAME=910B3\nPD_FAKE_HBM_MB=65536\n' "$NPUS" \
-  >"$DIR/usr/local/bin/npu-smi.fake.conf"
-install -m 0755 "$FIXTURES/hccn_tool" "$DIR/usr/local/Ascend/driver/tools/hccn_tool"
+  | put "$DIR/usr/local/bin/npu-smi.fake.conf" 0644
+put "$DIR/usr/local/Ascend/driver/tools/hccn_tool" 0755 <"$FIXTURES/hccn_tool"
 echo "# broken variants of the fake hccn_tool (PD_FAKE_HCCN_* keys, see its header); none by default" \
-  >"$DIR/usr/local/Ascend/driver/tools/hccn_tool.fake.conf"
+  | put "$DIR/usr/local/Ascend/driver/tools/hccn_tool.fake.conf" 0644
 
-cat >"$DIR/usr/local/Ascend/driver/version.info" <<'INFO'
+put "$DIR/usr/local/Ascend/driver/version.info" 0644 <<'INFO'
 Version=24.1.rc3
 ascendhal_version=7.35.23
 aicpu_version=1.0
@@ -96,7 +111,7 @@ compatible_version_fw=[7.0.0,7.5.99]
 package_version=24.1.rc3
 INFO
 
-cat >"$DIR/etc/ascend_install.info" <<'INFO'
+put "$DIR/etc/ascend_install.info" 0644 <<'INFO'
 UserName=HwHiAiUser
 UserGroup=HwHiAiUser
 Driver_Install_Type=full
@@ -114,12 +129,12 @@ INFO
     printf 'netdetect_%d=198.51.100.1\ngateway_%d=198.51.100.1\n' "$i" "$i"
     printf 'send_arp_status_%d=1\ntls_%d=0\n' "$i" "$i"
   done
-} >"$DIR/etc/hccn.conf"
+} | put "$DIR/etc/hccn.conf" 0644
 
 # --- a model directory with a tiny config.json (the stand-in engine reads
 # max_position_embeddings from it when --max-model-len is not given)
 mkdir -p "$DIR/models/DeepSeek-V4-Flash"
-cat >"$DIR/models/DeepSeek-V4-Flash/config.json" <<'JSON'
+put "$DIR/models/DeepSeek-V4-Flash/config.json" 0644 <<'JSON'
 {
   "_comment": "TEST FIXTURE: tiny stand-in config, no weights (tests/harness/ascend-root.sh)",
   "architectures": ["DeepseekV4ForCausalLM"],
