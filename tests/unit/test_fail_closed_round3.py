@@ -141,25 +141,27 @@ def test_a_retry_interval_not_below_the_drain_timeout_is_a_warning(proxy, warned
         assert "drain_timeout_s" in found[0]["message"] and "ends on its timeout" in found[0]["message"]
 
 
-def test_a_break_lock_kept_in_the_inventory_is_one_warning_per_file():
+def one_warning_for_both_hosts(key, value):
+    """The warning of `key` set to `value` on both hosts of cluster_a (one group_vars file): the plan
+    stays ok and says it once."""
     f = example_fleet()
     for name in ("a-p0", "a-d0"):
-        host_vars(f, name)["pd_deploy_break_lock"] = {"kept_in": "/inv/group_vars/cluster_a.yml"}
+        host_vars(f, name)[key] = value
     plan = fleet.plan_fleet(f)
-    found = warnings(plan, "pd_deploy_break_lock")
+    found = warnings(plan, key)
     assert plan["ok"] and len(found) == 1, plan["messages"]
-    assert "/inv/group_vars/cluster_a.yml" in found[0]["message"] and "-e pd_deploy_break_lock=true" in found[0]["fix"]
+    return found[0]
+
+
+def test_a_break_lock_kept_in_the_inventory_is_one_warning_per_file():
+    found = one_warning_for_both_hosts("pd_deploy_break_lock", {"kept_in": "/inv/group_vars/cluster_a.yml"})
+    assert "/inv/group_vars/cluster_a.yml" in found["message"] and "-e pd_deploy_break_lock=true" in found["fix"]
 
 
 def test_a_clear_text_api_key_is_a_warning_naming_the_file():
-    f = example_fleet()
-    for name in ("a-p0", "a-d0"):
-        host_vars(f, name)["pd_api_key"] = {"fact": "pd_api_key", "redaction": "<redacted: sha256:abc...>",
-                                            "clear_in": "/inv/group_vars/cluster_a.yml"}
-    plan = fleet.plan_fleet(f)
-    found = warnings(plan, "pd_api_key")
-    assert plan["ok"] and len(found) == 1, plan["messages"]
-    assert "in clear in /inv/group_vars/cluster_a.yml" in found[0]["message"] and "ansible-vault" in found[0]["fix"]
+    found = one_warning_for_both_hosts("pd_api_key", {"fact": "pd_api_key", "redaction": "<redacted: sha256:abc...>",
+                                                      "clear_in": "/inv/group_vars/cluster_a.yml"})
+    assert "in clear in /inv/group_vars/cluster_a.yml" in found["message"] and "ansible-vault" in found["fix"]
 
 
 def test_a_control_character_in_a_host_path_is_refused():
