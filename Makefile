@@ -3,13 +3,14 @@
 #   make test   venv + lint + unit/render tests + Molecule scenarios on a local Docker engine (lint and
 #               unit beside the Molecule lanes: tests/harness/run-tests.sh; PD_TEST_SERIAL=1 one by one)
 #   make collection  build/collection/pd-deploy-<version>.tar.gz (Ansible collection pd.deploy, no Galaxy)
+#   make docs   rewrite docs/reference/variables.md from the argument specs, schemas and data files
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv demo test lint unit molecule bench bench-deploy collection clean
+.PHONY: venv demo test lint unit molecule bench bench-deploy collection docs clean
 
 venv: $(STAMP)
 
@@ -38,6 +39,9 @@ test: venv
 
 collection: venv
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python tools/build-collection.py
+
+docs: venv
+	$(BIN)/python tools/variable_reference.py
 
 bench: venv
 	$(BIN)/python bench/bench.py

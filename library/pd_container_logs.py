@@ -23,7 +23,7 @@ options:
     description: Docker Engine API socket.
     type: path
     default: /var/run/docker.sock
-author: pd-deploy
+author: pd-deploy maintainers (!UNKNOWN)
 """
 
 EXAMPLES = r"""

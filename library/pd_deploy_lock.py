@@ -41,7 +41,7 @@ options:
     description: Replace a lock held by another run (pd_deploy_break_lock); the old holder is returned.
     type: bool
     default: false
-author: pd-deploy
+author: pd-deploy maintainers (!UNKNOWN)
 """
 
 EXAMPLES = r"""

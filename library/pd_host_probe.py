@@ -31,8 +31,8 @@ options:
   hccn:
     description:
       - NPU network checks with hccn_tool, not run when empty. Keys C(tool) (path of hccn_tool), C(conf) (path of
-        hccn.conf, read as text), C(devices) (NPU indices: C(-link), C(-net_health), C(-ip) and C(-tls) are read
-        for each) and C(ping) (list of C(device), C(address): C(-ping -g address) from that NPU).
+        hccn.conf, read as text), C(devices) (NPU indices; C(-link), C(-net_health), C(-ip) and C(-tls) are read
+        for each) and C(ping) (list of C(device), C(address); C(-ping -g address) from that NPU).
       - Judged on the controller by the pd_hccn_problems and pd_hccn_ping_problems filters.
       - A query that gives no answer (rc not 0, or no output) is asked again, up to 3 tries 1 s apart; a
         ping only when it printed nothing. Each result says how many tries were made.
@@ -73,7 +73,7 @@ options:
     description: Seconds between two probes of one URL.
     type: float
     default: 2
-author: pd-deploy
+author: pd-deploy maintainers (!UNKNOWN)
 """
 
 EXAMPLES = r"""
@@ -134,7 +134,7 @@ image_refs:
 hccn:
   description: With O(hccn), tool_error (why hccn_tool could not run, or empty), conf (hccn.conf text or null),
     devices ({"N" -> {link, net_health, ip, tls} each rc, stdout, stderr, tries}), ping (device, address, rc, stdout,
-    stderr, tries), skipped (why no hccn_tool call was made: only hccn.conf was read); null without O(hccn).
+    stderr, tries), skipped (why no hccn_tool call was made; only hccn.conf was read); null without O(hccn).
   type: dict
   returned: always
 skipped_checks:

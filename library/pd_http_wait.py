@@ -52,7 +52,7 @@ options:
         module runs. Defaults to the play variable C(pd_health_progress_s), else 60; 0 waits in one
         module run and prints nothing.
     type: float
-author: pd-deploy
+author: pd-deploy maintainers (!UNKNOWN)
 """
 
 EXAMPLES = r"""

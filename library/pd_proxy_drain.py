@@ -9,13 +9,13 @@ description:
     C(/metrics) at the address the proxy itself uses (C(host:port)).
   - C(state=drained) posts C(/instances/remove) and waits until each rank is no longer listed by the
     proxy, or its engine has no request running or waiting (the proxy keeps an instance it could not
-    drop at once isolated: listed, but picked last), at most O(timeout_s).
+    drop at once isolated, listed but picked last), at most O(timeout_s).
   - The proxy keeps a rank removed while any request is in flight listed but tainted (never picked
     while another instance serves) and ignores an add of a key it lists; so C(state=restored) adds the
-    rank back under another spelling of its address (an alias: same host and port, a key the proxy does
+    rank back under another spelling of its address (an alias with the same host and port, a key the proxy does
     not list, for example C(0xa.0.1.12:8200) for C(10.0.1.12:8200)), and the tainted key leaves the list
     when the proxy idles. Ranks are compared by the endpoint they reach, never by text.
-  - C(state=wired) makes the proxy serve exactly O(want): missing instances are added first (and waited
+  - C(state=wired) makes the proxy serve exactly O(want); missing instances are added first (and waited
     for), then instances it serves beyond O(want) are drained out (elastic P/D). C(state=joined) only
     adds the missing ones (before a wave drains, so a role never loses its last serving instance).
   - With O(state_file), the key each instance serves under is kept in that file on the proxy's host,
@@ -68,7 +68,7 @@ options:
     description: Docker's socket on this host, for O(container).
     type: path
     default: /var/run/docker.sock
-author: pd-deploy
+author: pd-deploy maintainers (!UNKNOWN)
 """
 
 EXAMPLES = r"""

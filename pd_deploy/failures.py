@@ -82,7 +82,7 @@ def scan_logs(logs, entries=None):
 
 
 def markdown_table(entries=None):
-    """The README's known-failure table (pattern, severity, caught before start by, fix, source), one row per entry."""
+    """The known-failure table of docs/guide/troubleshoot.md (pattern, severity, caught before start by, fix, source), one row per entry."""
     entries = table() if entries is None else entries
     rows = ["| Log line (regex) | Severity | Caught before start by | Fix | Source |", "|---|---|---|---|---|"]
     for e in entries:

@@ -37,7 +37,7 @@ def _strict_integer(checker, instance):
     vllm/utils/argparse_utils.py) and the
     proxy's ``type=int`` refuse at start, and every rule that compares ints skipped it. Refused, not
     normalized to 8000: the operator sees the value they wrote in the plan, the rules and the renderer
-    keep one type, and ``8000.5`` must be refused anyway (README "Fail closed").
+    keep one type, and ``8000.5`` must be refused anyway (docs/guide/inventory.md "What validation refuses").
     """
     return isinstance(instance, int) and not isinstance(instance, bool)
 
@@ -427,7 +427,7 @@ def _plan_cluster(name, raw, hosts, result, complete=True):
         return
     violations.extend(rules.check_cluster(cluster, topo, specs))
     proxy = model.proxy_spec(cluster, topo)
-    for spec in specs + [proxy]:  # README "Secrets": the key as a redaction, the real value at docker run
+    for spec in specs + [proxy]:  # docs/guide/inventory.md "Secrets": the key as a redaction, the real value at docker run
         secrets.protect(spec, key_redaction, model.spec_hash)
     violations.extend(idle_host_violations(name, topo, proxy))
     result["capacity"] = capacity_summary(cluster, topo, specs)

@@ -149,7 +149,7 @@ def fact_violations(name, hv):
                           f"{address} is an IPv6 address: the proxy takes it on its command line, but cannot add or "
                           "remove it while it runs, so rolling updates cannot drain these ranks and a scale-out "
                           "cannot add them without recreating the proxy",
-                          "set pd_host_address: <IPv4 address of the NIC> (README, Downtime of a rollout)"))
+                          "set pd_host_address: <IPv4 address of the NIC> (docs/guide/deploy.md, Downtime of a rollout)"))
     for field, what, fix in REQUIRED:
         if hv.get(field) is None:
             out.append(_v("error", name, field, f"missing: {what} has no default", fix))

@@ -191,7 +191,7 @@ def ping_problems(host, targets, results):
         r = by_key.get((t["device"], t["address"]))
         match = _LOSS.search((r or {}).get("stdout") or "")
         # healthy: "0.00% packet loss"; unreachable: "recv time out seq=N" lines and 100% loss
-        # (sources in the module docstring and ping_problems' README entry)
+        # (sources in the module docstring and ping_problems' row in docs/guide/troubleshoot.md)
         if r is not None and r.get("rc") == 0 and match and float(match.group(1)) < 100:
             continue
         what = f"{match.group(1)}% packet loss" if match else _why(r)

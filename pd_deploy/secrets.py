@@ -13,7 +13,7 @@ Upstream facts this module follows:
   the requests it receives.
 
 The engines get the key through the environment, not ``--api-key``: argv shows in ``ps`` on the host
-and in ``docker inspect``'s Cmd; the environment shows in ``docker inspect`` too (README "Secrets").
+and in ``docker inspect``'s Cmd; the environment shows in ``docker inspect`` too (docs/guide/inventory.md "Secrets").
 
 A launch spec carries ``"<redacted: sha256:<12 hex>...>"`` where the key goes and lists the variables
 in ``secret_env``; the digest is an HMAC of the key under a fixed label, so the spec hash (and thus the
@@ -118,7 +118,7 @@ def _v(where, field, message, fix):
 
 
 ENCRYPT = "`ansible-vault encrypt_string --name pd_api_key \"$(openssl rand -hex 32)\"`"
-FIX = f"set pd_api_key once in the cluster's group_vars, e.g. from {ENCRYPT} (README: Secrets)"
+FIX = f"set pd_api_key once in the cluster's group_vars, e.g. from {ENCRYPT} (docs/guide/inventory.md, Secrets)"
 
 
 def cluster_key(name, hosts):

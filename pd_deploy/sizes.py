@@ -30,7 +30,7 @@ from pd_deploy.errors import PdError
 _SIZE_RE = re.compile(r"^(?P<num>[0-9]+(?:\.[0-9]+)?|\.[0-9]+)\s*(?P<unit>[A-Za-z]*)$")
 _UNIT_RE = re.compile(r"^(?P<letter>[KMGTPE])(?P<i>i?)(?P<b>b?)$", re.IGNORECASE)
 _UNIT_HELP = "B, KiB, MiB, GiB, TiB, PiB, EiB (binary, 1KiB = 1024 bytes; any letter case)"
-#: What the schemas and the README call the grammar (kept in one place).
+#: What the schemas and the guide (docs/guide/inventory.md, Sizes) call the grammar (kept in one place).
 GRAMMAR = ("an integer byte count, or a number and a binary unit (B, KiB, MiB, GiB, TiB, PiB, EiB; any letter "
            "case, spaces allowed): 200GiB, 200 gib, 1.5TiB. Decimal-looking units (200G, 200GB) are refused")
 _HUMAN_UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB")

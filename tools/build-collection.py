@@ -19,7 +19,8 @@ collection cannot work without it:
   them by the same relative paths.
 - The build directory defaults to <working directory>/build instead of <playbook dir>/../build: the
   installed collection is read-only data, and the inventory may live outside any checkout.
-- plugins/filter/<filter>.yml: the ansible-doc text of every filter, made from its docstring.
+- plugins/filter/<filter>.yml: the ansible-doc page of every filter: the checked-in filter_plugins/<filter>.yml
+  of a public one (examples rewritten to the FQCN), else one made from its docstring.
 
 Usage: python tools/build-collection.py [--out build/collection]
 Prints the path of the tarball.
@@ -173,6 +174,16 @@ def filter_doc(name, function, fqcn, version):
     }
 
 
+def filter_page(name, function, fqcn, version, rewrite):
+    """The plugins/filter/<name>.yml text: the checked-in filter_plugins/<name>.yml of a public filter (its
+    examples rewritten to the FQCN), else the page made from the docstring (filters no role uses)."""
+    checked_in = os.path.join(REPO, "filter_plugins", f"{name}.yml")
+    if os.path.isfile(checked_in):
+        return rewrite(_read(checked_in))
+    return "---\n" + yaml.safe_dump(filter_doc(name, function, fqcn, version), sort_keys=False, width=120,
+                                     allow_unicode=True)
+
+
 def _copytree(src, dst, rewrite=None):
     for root, dirs, files in os.walk(src):
         dirs[:] = [d for d in dirs if d != "__pycache__"]
@@ -240,9 +251,7 @@ def assemble(out):
         raise SystemExit(f"filter_plugins/pd.py: the line `{_FILTER_ROOT}` moved; update _FILTER_ROOT in {__file__}")
     _write(os.path.join(plugins, "filter", "pd.py"), filter_src.replace(_FILTER_ROOT, _FILTER_ROOT_COLLECTION))
     for name, function in sorted(filters.items()):
-        doc = filter_doc(name, function, fqcn, meta["version"])
-        _write(os.path.join(plugins, "filter", f"{name}.yml"),
-               "---\n" + yaml.safe_dump(doc, sort_keys=False, width=120, allow_unicode=True))
+        _write(os.path.join(plugins, "filter", f"{name}.yml"), filter_page(name, function, fqcn, meta["version"], rewrite))
     utils_import = f"from ansible_collections.{meta['namespace']}.{meta['name']}.plugins.module_utils."
     for name in modules:
         text = _read(os.path.join(REPO, "library", f"{name}.py"))

@@ -74,3 +74,14 @@ def test_filter_doc_comes_from_the_docstring_and_signature():
         pass
     with pytest.raises(SystemExit):
         build.filter_doc("pd_bare", pd_bare, "pd.deploy", "1.0.0")
+
+
+def test_public_filter_page_is_the_checked_in_one_with_fqcn_examples(rewrite):
+    checked_in = build._read(os.path.join(REPO, "filter_plugins", "pd_to_bytes.yml"))
+    page = build.filter_page("pd_to_bytes", None, "pd.deploy", "1.0.0", rewrite)
+    assert page == rewrite(checked_in) and page != checked_in
+    assert "| pd.deploy.pd_to_bytes" in page and "type: raw" not in page
+
+    def pd_private(value):
+        """A filter no role uses."""
+    assert "type: raw" in build.filter_page("pd_private", pd_private, "pd.deploy", "1.0.0", rewrite)

@@ -403,7 +403,7 @@ def test_an_instance_spanning_two_hosts_splits_its_offload_over_them():
 
 @pytest.mark.parametrize("role", ["prefill", "decode"])
 def test_scaling_a_role_out_and_in_leaves_the_other_instances_launch_specs_unchanged(role):
-    """Elastic scale starts or removes only the changed instance's ranks (README "Scaling out and in"):
+    """Elastic scale starts or removes only the changed instance's ranks (docs/guide/scale.md):
     the offload budget is per instance, so the running instance's spec hash does not move."""
     def cluster_with(instances):
         roles = {"prefill": {"dp": 1, "offload_connector": "OffloadingConnector", "cpu_offload": "64GiB"},

@@ -44,7 +44,7 @@ def all_specs(plan, cluster):
 
 
 def expected_redaction(key):
-    # the documented digest (README "Secrets"): HMAC-SHA256 under the label, first 12 hex digits
+    # the documented digest (docs/guide/inventory.md "Secrets"): HMAC-SHA256 under the label, first 12 hex digits
     mac = hmac.new(b"pd-deploy api key v1", key.encode(), hashlib.sha256).hexdigest()
     return f"<redacted: sha256:{mac[:12]}...>"
 

@@ -1,0 +1,83 @@
+"""docs/design.md and docs/development.md name only code that exists (issue 22: design.md named a
+function, ``model.launch_specs()``, that never did).
+
+Checked: every ``module.attribute`` of a pd_deploy module (``fleet.plan_fleet``,
+``pd_deploy.model.normalize``), every ``name()`` (a def or class of that name in the repository's
+Python), and every path into this repository (``pd_deploy/fleet.py``, ``roles/pd_plan/``).
+"""
+
+import importlib
+import os
+import pkgutil
+import re
+
+import pytest
+
+import pd_deploy
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+PAGES = ("docs/design.md", "docs/development.md")
+TOP = ("pd_deploy", "library", "module_utils", "filter_plugins", "action_plugins", "vars_plugins", "roles",
+       "playbooks", "schemas", "tools", "tests", "bench", "molecule", "docs", "inventories", "collection")
+MODULES = {m.name.split(".", 1)[1]: m.name for m in pkgutil.walk_packages(pd_deploy.__path__, "pd_deploy.")}
+# a repo path: starts with a top folder, not inside an upstream path (vllm_ascend/..., vllm-project/x:docs/...)
+PATH = re.compile(r"(?<![\w./:-])((?:%s)/[\w./-]*[\w/])" % "|".join(TOP))
+ATTR = re.compile(r"(?<![\w.])(?:pd_deploy\.)?((?:ops\.)?[a-z_]+)\.([A-Za-z_]\w*)")
+CALL = re.compile(r"(?<![\w.])([A-Za-z_]\w*)\(\)")
+
+
+def _read(page):
+    with open(os.path.join(REPO, page), encoding="utf-8") as handle:
+        return handle.read()
+
+
+def _python_names():
+    names = set()
+    for root, dirs, files in os.walk(REPO):
+        dirs[:] = [d for d in dirs if not d.startswith(".") and d not in ("build", "collections", "__pycache__")]
+        for name in files:
+            if name.endswith(".py"):
+                with open(os.path.join(root, name), encoding="utf-8") as handle:
+                    names.update(re.findall(r"^\s*(?:async\s+)?(?:def|class)\s+(\w+)", handle.read(), re.M))
+    return names
+
+
+def _line(text, index):
+    return text.count("\n", 0, index) + 1
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_named_module_attributes_exist(page):
+    text = _read(page)
+    missing = []
+    for match in ATTR.finditer(text):
+        module, attr = match.groups()
+        if module in MODULES and attr not in ("py", "yml", "md", "json"):
+            if not hasattr(importlib.import_module(MODULES[module]), attr):
+                missing.append(f"{page}:{_line(text, match.start())}: {module}.{attr}")
+    assert not missing, "named in the docs, absent from the code:\n" + "\n".join(missing)
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_named_functions_exist(page):
+    text, names = _read(page), _python_names()
+    missing = [f"{page}:{_line(text, m.start())}: {m.group(1)}()" for m in CALL.finditer(text)
+               if m.group(1) not in names]
+    assert not missing, "functions named in the docs that no Python file defines:\n" + "\n".join(missing)
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_named_paths_exist(page):
+    text = _read(page)
+    missing = [f"{page}:{_line(text, m.start())}: {m.group(1)}" for m in PATH.finditer(text)
+               if not os.path.exists(os.path.join(REPO, m.group(1).rstrip(".")))]
+    assert not missing, "paths named in the docs that do not exist:\n" + "\n".join(missing)
+
+
+def test_the_checks_catch_what_they_look_for():
+    assert ATTR.search("`model.launch_specs()`").groups() == ("model", "launch_specs")
+    assert not hasattr(importlib.import_module(MODULES["model"]), "launch_specs")
+    assert CALL.search("see launch_specs() here").group(1) == "launch_specs"
+    assert PATH.search("in pd_deploy/fleet.py, and").group(1) == "pd_deploy/fleet.py"
+    assert not PATH.search("vllm_ascend/models/deepseek_v4/model.py")
+    assert not PATH.search("vllm-project/vllm main:docs/source/x.md")
