@@ -114,10 +114,12 @@ def replacement_plan(specs, containers, _where="pd_replacement_plan"):
     Returns {start: [specs passed to docker_container], wait: [specs health-waited: start + finish],
     preserve: [names stopped and renamed to P], remove: [names whose S is removed first],
     previous: [names with a P after this step: the rollback targets, removed once healthy],
-    finish: [names], interrupted: [names]}.
+    finish: [names], interrupted: [names], created: [names of the start specs that get a new container:
+    S absent, of another spec, or removed first; not a stopped S of the same spec, which is started as
+    it is, with the filesystem and command line of its creation]}.
     """
     observed = _observed(containers, _where)
-    plan = {k: [] for k in ("start", "wait", "preserve", "remove", "previous", "finish", "interrupted")}
+    plan = {k: [] for k in ("start", "wait", "preserve", "remove", "previous", "finish", "interrupted", "created")}
     for spec in specs:
         name = spec["name"]
         state = spec_state(spec, observed)
@@ -139,6 +141,8 @@ def replacement_plan(specs, containers, _where="pd_replacement_plan"):
         elif state == "changed":
             plan["preserve"].append(name)
             plan["previous"].append(name)
+        if state != "stopped" or name in plan["remove"]:
+            plan["created"].append(name)
         plan["start"].append(spec)
         plan["wait"].append(spec)
     return plan

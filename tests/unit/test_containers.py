@@ -201,13 +201,13 @@ def _plan(specs, observed):
 
 def test_a_fresh_change_keeps_the_running_container_as_previous():
     assert _plan([spec("r", "new")], [seen("r", "old")]) == {
-        "start": ["r"], "wait": ["r"], "preserve": ["r"], "previous": ["r"]}
+        "start": ["r"], "wait": ["r"], "preserve": ["r"], "previous": ["r"], "created": ["r"]}
 
 
 def test_killed_after_the_rename_the_previous_is_the_rollback_target():
     # an earlier run renamed r to r-previous and was stopped before starting r
     assert _plan([spec("r", "new")], [seen("r-previous", "old", running=False)]) == {
-        "start": ["r"], "wait": ["r"], "previous": ["r"], "interrupted": ["r"]}
+        "start": ["r"], "wait": ["r"], "previous": ["r"], "interrupted": ["r"], "created": ["r"]}
 
 
 @pytest.mark.parametrize("state", ["exited", "restarting", "created"])
@@ -215,7 +215,7 @@ def test_killed_during_the_health_wait_the_new_container_is_started_afresh(state
     # r runs the new spec but is not running (it crashed, loops, or was never started): removed first
     observed = [dict(seen("r", "new", running=False), state=state), seen("r-previous", "old", running=False)]
     assert _plan([spec("r", "new")], observed) == {
-        "start": ["r"], "wait": ["r"], "remove": ["r"], "previous": ["r"], "interrupted": ["r"]}
+        "start": ["r"], "wait": ["r"], "remove": ["r"], "previous": ["r"], "interrupted": ["r"], "created": ["r"]}
 
 
 def test_a_new_container_running_beside_its_previous_is_waited_for_then_finished():
@@ -229,19 +229,32 @@ def test_a_new_container_running_beside_its_previous_is_waited_for_then_finished
 def test_a_stale_previous_beside_a_running_old_container_is_replaced_by_it():
     observed = [seen("r", "old"), seen("r-previous", "older", running=False)]
     assert _plan([spec("r", "new")], observed) == {
-        "start": ["r"], "wait": ["r"], "preserve": ["r"], "previous": ["r"]}
+        "start": ["r"], "wait": ["r"], "preserve": ["r"], "previous": ["r"], "created": ["r"]}
 
 
 def test_an_interrupted_run_then_a_new_spec_rolls_back_to_the_last_healthy_container():
     # run 1 kept old as r-previous and started r (spec 1), which crashed; run 2 brings spec 2
     observed = [seen("r", "spec1", running=False), seen("r-previous", "old", running=False)]
     assert _plan([spec("r", "spec2")], observed) == {
-        "start": ["r"], "wait": ["r"], "remove": ["r"], "previous": ["r"], "interrupted": ["r"]}
+        "start": ["r"], "wait": ["r"], "remove": ["r"], "previous": ["r"], "interrupted": ["r"], "created": ["r"]}
 
 
 def test_a_crash_looping_container_of_the_current_spec_is_not_running():
     observed = [dict(seen("r", "h", running=False), state="restarting")]
+    # started as it is (not created: it keeps its filesystem and the command line of its creation)
     assert _plan([spec("r", "h")], observed) == {"start": ["r"], "wait": ["r"]}
+
+
+def test_created_names_the_started_specs_that_get_a_new_container():
+    # what the proxy role reads: a proxy created now carries the plan's backends on its command line;
+    # one of the same spec that was stopped is started as it is and must be re-wired
+    specs = [spec("missing", "a"), spec("changed", "b"), spec("stopped", "c"), spec("same", "d"),
+             spec("crashed", "e")]
+    observed = [seen("changed", "old-b"), seen("stopped", "c", running=False), seen("same", "d"),
+                seen("crashed", "e", running=False), seen("crashed-previous", "old-e", running=False)]
+    plan = containers.replacement_plan(specs, observed)
+    assert [s["name"] for s in plan["start"]] == ["missing", "changed", "stopped", "crashed"]
+    assert plan["created"] == ["missing", "changed", "crashed"]
 
 
 def test_running_previous_names_previous_containers_that_run():

@@ -1,0 +1,110 @@
+"""The rollout's tasks per host (issue 24 item 3): what a first deploy runs on each host, and that the
+tasks folded together keep what they did.
+
+Each task is a round of the play over the batch's hosts (a worker, templating, a callback), whatever
+it does; docs/design.md "The rollout's cost per batch" lists the ones left and why each stays.
+"""
+
+import base64
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+ROLES = REPO / "roles"
+
+
+def _tasks(path):
+    with open(path, encoding="utf-8") as handle:
+        return yaml.safe_load(handle)
+
+
+def _flat(tasks):
+    """Every task of a task list, blocks opened (block, rescue, always)."""
+    out = []
+    for task in tasks:
+        out.append(task)
+        for key in ("block", "rescue", "always"):
+            out.extend(_flat(task.get(key) or []))
+    return out
+
+
+def test_the_rollout_imports_the_engine_and_proxy_roles_instead_of_including_them():
+    roll = _flat(_tasks(ROLES / "pd_rollout/tasks/roll.yml"))
+    imports = [t["ansible.builtin.import_role"]["name"] for t in roll if "ansible.builtin.import_role" in t]
+    assert imports == ["pd_engine", "pd_proxy"]
+    assert not [t for t in roll if "ansible.builtin.include_role" in t or "include_role" in t]
+
+
+def test_the_engine_waves_are_a_role_variable_not_a_set_fact_task():
+    tasks = _flat(_tasks(ROLES / "pd_engine/tasks/main.yml"))
+    assert not [t for t in tasks if "_pd_engine_waves" in (t.get("ansible.builtin.set_fact") or {})]
+    role_vars = _tasks(ROLES / "pd_engine/vars/main.yml")
+    assert "pd_rollout_waves" in role_vars["_pd_engine_waves"]
+    # without the batch's probes (the role run on its own) there are no waves: every rank at once
+    assert role_vars["_pd_engine_waves"].strip().startswith("{{ none if pd_engine_batch_probes is none")
+
+
+def test_the_log_scan_is_one_read_and_one_verdict():
+    scan = _tasks(ROLES / "pd_rollout/tasks/scan_logs.yml")
+    keywords = {"name", "register", "when", "vars", "failed_when", "check_mode"}
+    assert [[k for k in t if k not in keywords] for t in scan] == [["pd_container_logs"], ["ansible.builtin.debug"]]
+
+
+def test_a_created_proxy_gets_no_backends_file_and_a_restarted_one_is_rewired():
+    tasks = {t["name"]: t for t in _tasks(ROLES / "pd_proxy/tasks/main.yml")}
+    created = "_pd_proxy_spec.name not in _pd_container_plan.created | default([])"
+    wire = tasks["Wire the proxy to the cluster's instances (add the new, then drain out the dropped)"]
+    copy = tasks["Keep the plan's backend lists in the proxy's container (what it serves after a restart)"]
+    # both skip only a proxy this run created (pd_replacement_plan created), not every proxy it started
+    assert created in wire["when"] and created in copy["when"]
+    assert not any(".start" in cond for cond in wire["when"] + copy["when"])
+
+
+# ---- the scan's verdict, run as the rollout runs it -------------------------------------------------
+
+SHM = "RuntimeError: Insufficient space in /dev/shm: 16379 MiB required, 7746 MiB free"
+RECOMPUTE = ("WARNING 12-01 08:00:02 [platform.py:900] recompute_scheduler_enable is ignored on PD-disaggregated "
+             "P nodes (kv_role='kv_producer') and will be deprecated")
+
+
+def _frame(text):
+    """A Docker log body without a TTY: 8 framing bytes (stream 1, length) before each chunk."""
+    data = text.encode()
+    return base64.b64encode(b"\x01\x00\x00\x00" + len(data).to_bytes(4, "big") + data).decode()
+
+
+@pytest.mark.ansible
+def test_the_verdict_fails_on_failure_lines_warns_on_warning_lines_and_is_skipped_on_clean_logs(tmp_path):
+    verdict = _tasks(ROLES / "pd_rollout/tasks/scan_logs.yml")[1]
+    logs = {
+        "failing": {"pd-c-decode0-dp0": f"{SHM}\n", "pd-c-prefill0-dp0": f"{RECOMPUTE}\n"},
+        "warning": {"pd-c-prefill0-dp0": f"{RECOMPUTE}\n"},
+        "clean": {"pd-c-prefill0-dp0": "INFO ready\n"},
+    }
+    read = {host: {"logs": [{"item": {"name": n}, "status": 200, "error": "", "content": _frame(t)}
+                            for n, t in by_name.items()]}
+            for host, by_name in logs.items()}
+    play = [{"hosts": "all", "gather_facts": False, "tasks": [
+        {"name": "Registered read", "ansible.builtin.set_fact": {"__pd_rollout_log_read": "{{ reads[inventory_hostname] }}"}},
+        verdict]}]
+    (tmp_path / "play.yml").write_text(yaml.safe_dump(play))
+    (tmp_path / "reads.json").write_text(json.dumps({"reads": read}))
+    env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), ANSIBLE_LOAD_CALLBACK_PLUGINS="1",
+               ANSIBLE_STDOUT_CALLBACK="ansible.builtin.json", ANSIBLE_NOCOLOR="1",
+               ANSIBLE_FILTER_PLUGINS=str(REPO / "filter_plugins"))
+    proc = subprocess.run([str(Path(sys.executable).parent / "ansible-playbook"), str(tmp_path / "play.yml"),
+                           "-i", "failing,warning,clean", "-c", "local",
+                           "-e", f"ansible_python_interpreter={sys.executable}", "-e", f"@{tmp_path / 'reads.json'}"],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    hosts = json.loads(proc.stdout)["plays"][0]["tasks"][1]["hosts"]
+    failing, warning, clean = hosts["failing"], hosts["warning"], hosts["clean"]
+    assert failing["failed"] and failing["msg"].startswith("pd-c-decode0-dp0: shm-too-small: ")
+    assert "recompute-on-producer" in failing["msg"]  # the warnings are listed after the failures
+    assert not warning.get("failed") and warning["msg"].startswith("pd-c-prefill0-dp0: recompute-on-producer: ")
+    assert clean.get("skipped") and not clean.get("failed")
