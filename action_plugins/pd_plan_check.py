@@ -6,6 +6,7 @@ re-run paid them all. This does the same in-process, in the same order, with the
 
 1. an inventory that cannot be planned (no cluster; the embedded demo inventory where containers
    would start) fails first, before anything is written (``pd_deploy.report.inventory_problem``);
+   deploy-pd.yml's rollout batch size (pd_cluster_batch) is refused after step 3, before step 4;
 2. the inventory's name (``inventory_note``) comes with every other result;
 3. a plan that breaks a rule fails, nothing written: its msg the counts (Ansible 2.19 prints a failed
    task's msg twice, as the old fail task's), every violation once in ``violations`` below it;
@@ -34,10 +35,11 @@ for _root in (os.path.dirname(_HERE), os.path.dirname(os.path.dirname(_HERE))):
             sys.path.insert(0, _root)
         break
 
-from pd_deploy import report  # noqa: E402
+from pd_deploy import fleet, report  # noqa: E402
 
 display = Display()
-_VALID = frozenset(("plan", "inventory", "cluster_hosts", "demo", "refuse_demo", "build_dir", "render_specs"))
+_VALID = frozenset(("plan", "inventory", "cluster_hosts", "demo", "refuse_demo", "build_dir", "render_specs",
+                    "cluster_batch", "parallel_clusters"))
 
 
 def _write_files_module():
@@ -49,12 +51,14 @@ def _write_files_module():
 
 
 def check(plan, inventory, cluster_hosts, demo=False, refuse_demo=False, build_dir="", render_specs=False,
-          write=None):
+          write=None, cluster_batch=None, parallel_clusters=False):
     """The task's result: {failed, msg[, inventory, violations]} or {msg, inventory, changed, written,
     removed[, owner_was]}.
 
     ``write(files, root, owner)`` -> (changed, removed, previous owner) is pd_write_files' sync_files;
-    with an empty ``build_dir`` nothing is written (pd_plan_write_reports: false).
+    with an empty ``build_dir`` nothing is written (pd_plan_write_reports: false). ``cluster_batch``
+    (deploy-pd.yml's pd_cluster_batch; None: not given) is refused after the plan's own checks, before
+    anything is written and any host is probed.
     """
     problem = report.inventory_problem(inventory, cluster_hosts, demo, refuse_demo)
     if problem:
@@ -67,6 +71,9 @@ def check(plan, inventory, cluster_hosts, demo=False, refuse_demo=False, build_d
         # the counts as msg (Ansible prints a failed task's msg twice), every violation once below it
         return {"failed": True, "inventory": note, "msg": report.plan_failure_message(plan),
                 "violations": report.plan_report(plan)}
+    batch = "" if cluster_batch is None else fleet.cluster_batch_problem(cluster_batch, parallel_clusters)
+    if batch:
+        return {"failed": True, "inventory": note, "msg": batch}
     result = {"changed": False, "inventory": note, "written": 0, "removed": []}
     if build_dir:
         files = report.build_files(plan, build_dir, render_specs)
@@ -81,7 +88,8 @@ def check(plan, inventory, cluster_hosts, demo=False, refuse_demo=False, build_d
 
 
 class ActionModule(ActionBase):
-    """``pd_plan_check: {plan, inventory, cluster_hosts, demo, refuse_demo, build_dir, render_specs}``."""
+    """``pd_plan_check: {plan, inventory, cluster_hosts, demo, refuse_demo, build_dir, render_specs,
+    cluster_batch, parallel_clusters}``."""
 
     TRANSFERS_FILES = False
     _VALID_ARGS = _VALID
@@ -99,14 +107,16 @@ class ActionModule(ActionBase):
         inventory = [inventory] if isinstance(inventory, str) else list(inventory or [])
         try:
             hosts = int(args["cluster_hosts"])
-            flags = {k: boolean(args.get(k, False), strict=True) for k in ("demo", "refuse_demo", "render_specs")}
+            flags = {k: boolean(args.get(k, False), strict=True)
+                     for k in ("demo", "refuse_demo", "render_specs", "parallel_clusters")}
         except (TypeError, ValueError) as exc:
             raise AnsibleActionFail(f"pd_plan_check: {exc} — cluster_hosts is a number, demo, refuse_demo and "
-                                    "render_specs are booleans") from exc
+                                    "render_specs, parallel_clusters are booleans") from exc
         build_dir = str(args.get("build_dir") or "")
         try:
             out = check(args["plan"], inventory, hosts, flags["demo"], flags["refuse_demo"], build_dir,
-                        flags["render_specs"], write=_write_files_module().sync_files)
+                        flags["render_specs"], write=_write_files_module().sync_files,
+                        cluster_batch=args.get("cluster_batch"), parallel_clusters=flags["parallel_clusters"])
         except ValueError as exc:
             raise AnsibleActionFail(f"pd_plan_check: build_dir: {exc} — write under build_dir") from exc
         except OSError as exc:

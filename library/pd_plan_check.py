@@ -48,6 +48,15 @@ options:
     description: Also write one JSON launch spec per container to <build_dir>/render/<host>/.
     type: bool
     default: false
+  cluster_batch:
+    description:
+      - The rollout's batch size (deploy-pd.yml's C(pd_cluster_batch)), refused when it is not a number or
+        share of clusters - after the plan's checks, before anything is written; null when not given.
+    type: raw
+  parallel_clusters:
+    description: C(pd_parallel_clusters), which a batch size contradicts.
+    type: bool
+    default: false
 attributes:
   check_mode:
     support: full

@@ -119,6 +119,23 @@ def test_render_specs_and_the_files_of_the_last_run(tmp_path):
     assert out["msg"] == report.capacity_lines(plan)   # no warning: the capacity summary only
 
 
+def test_a_bad_rollout_batch_is_refused_after_the_plan_checks_and_before_any_file(tmp_path):
+    plan = fleet.plan_fleet(example_fleet())
+    out = action.check(plan, INV, 5, build_dir=str(tmp_path), write=never, cluster_batch="0")
+    assert out["failed"] and out["msg"] == fleet.cluster_batch_problem("0")
+    assert "pd_cluster_batch: '0' is neither a number of clusters" in out["msg"] and "-e pd_cluster_batch=N" in out["msg"]
+    assert action.check(plan, INV, 5, build_dir=str(tmp_path), write=never, cluster_batch=1,
+                        parallel_clusters=True)["failed"]
+    assert list(tmp_path.iterdir()) == []
+    for good in (None, 1, "2", "50%"):
+        assert not action.check(plan, INV, 5, build_dir="", write=never, cluster_batch=good).get("failed"), good
+    # the plan's own violations come first (as validate ran before the prechecks' refusal)
+    a = cluster_a()
+    a["decode"]["engine"] = {"gpu_memory_utilization": 0.96}
+    broken = action.check(fleet.plan_fleet(example_fleet(a=a)), INV, 5, write=never, cluster_batch="0")
+    assert broken["msg"].startswith("The inventory breaks 1 rule(s)")
+
+
 def test_no_build_dir_writes_nothing():
     out = action.check(fleet.plan_fleet(example_fleet()), INV, 5, build_dir="", write=never)
     assert not out.get("failed") and not out["changed"] and out["written"] == 0
@@ -162,3 +179,16 @@ def test_validate_is_one_play_and_pd_plan_two_tasks():
     assert [next(k for k in t if k != "name" and not k.startswith(("run_once", "delegate", "check_mode")))
             for t in tasks] == ["ansible.builtin.set_fact", "pd_plan_check"]
     assert sorted(os.listdir(REPO / "roles" / "pd_plan" / "tasks")) == ["main.yml"]
+
+
+def test_a_no_op_deploy_runs_no_skipped_check_task():
+    """The checks that only ever skip on a no-op are folded into tasks that run anyway."""
+    deploy = yaml.safe_load((REPO / "playbooks" / "deploy-pd.yml").read_text())
+    prechecks_play = next(p for p in deploy if p.get("name") == "Check every host before any is touched")
+    assert [t.get("ansible.builtin.include_role", {}).get("name") for t in prechecks_play["tasks"]] == ["pd_prechecks"]
+    tasks = yaml.safe_load((REPO / "roles" / "pd_prechecks" / "tasks" / "main.yml").read_text())
+    assert [next(k for k in t if k.startswith(("ansible.builtin.", "pd_"))) for t in tasks] == [
+        "pd_host_probe", "ansible.builtin.assert", "ansible.builtin.set_fact", "ansible.builtin.include_tasks"]
+    report = next(p for p in deploy if p.get("name", "").startswith("Report what each cluster runs"))
+    assert [next(k for k in t if k.startswith("ansible.builtin.")) for t in report["tasks"]] == [
+        "ansible.builtin.debug", "ansible.builtin.fail"]
