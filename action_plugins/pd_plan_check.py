@@ -12,7 +12,7 @@ re-run paid them all. This does the same in-process, in the same order, with the
    task's msg twice, as the old fail task's), every violation once in ``violations`` below it;
 4. else plan.json, the capacity summaries and (render-only) the launch specs are written with the code
    of the pd_write_files action (same manifest, same removal of the last run's files), and the result
-   shows the warnings, if any, and the capacity summary.
+   shows the capacity summary (``msg``) and the warnings, if any (``violations``).
 
 Documented in library/pd_plan_check.py (ansible-doc reads a module's docs there).
 """
@@ -52,8 +52,8 @@ def _write_files_module():
 
 def check(plan, inventory, cluster_hosts, demo=False, refuse_demo=False, build_dir="", render_specs=False,
           write=None, cluster_batch=None, parallel_clusters=False):
-    """The task's result: {failed, msg[, inventory, violations]} or {msg, inventory, changed, written,
-    removed[, owner_was]}.
+    """The task's result: {failed, msg[, inventory, violations]} or {msg (the capacity lines), inventory,
+    changed, written, removed[, violations (the warnings)][, owner_was]}.
 
     ``write(files, root, owner)`` -> (changed, removed, previous owner) is pd_write_files' sync_files;
     with an empty ``build_dir`` nothing is written (pd_plan_write_reports: false). ``cluster_batch``
@@ -82,8 +82,10 @@ def check(plan, inventory, cluster_hosts, demo=False, refuse_demo=False, build_d
         if old_owner and owner and old_owner != owner:
             result["owner_was"] = old_owner
         result.update(changed=bool(changed or removed), written=len(changed), removed=removed)
-    lines = report.plan_report(plan).splitlines() + [""] if plan["messages"] else []
-    result["msg"] = lines + report.capacity_lines(plan)
+    if plan["messages"]:
+        # one block of text (printed unwrapped, a warning on one line), as the failure's
+        result["violations"] = report.plan_report(plan)
+    result["msg"] = report.capacity_lines(plan)
     return result
 
 
@@ -127,6 +129,6 @@ class ActionModule(ActionBase):
             display.warning(f"{build_dir} held the output of inventory {old_owner}; replaced by the output of "
                             f"{', '.join(map(str, inventory))} (-e pd_plan_build_dir=<dir> keeps both)")
         result.update(out)
-        # shown like debug's msg: the inventory checked, the warnings and the capacity summary
+        # shown like debug's msg: the inventory checked, the capacity summary and the warnings
         result["_ansible_verbose_always"] = True
         return result

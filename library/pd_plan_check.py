@@ -15,8 +15,8 @@ description:
     nothing; else write plan.json, the capacity summaries and (O(render_specs)) one launch spec per
     container under O(build_dir), with the code of the pd_write_files action (its manifest, the removal of the last run's files that this run
     does not write, its warning when the directory held another inventory's output).
-  - The result is shown like debug's - the inventory checked (C(inventory)), the warnings and the
-    capacity summary (C(msg)).
+  - The result is shown like debug's - the inventory checked (C(inventory)), the capacity summary
+    (C(msg)) and the warnings, if any (C(violations)).
 options:
   plan:
     description: The fleet plan, C(hostvars['localhost'].pd_plan_fleet) (pd_plan_from_hostvars).
@@ -84,14 +84,15 @@ inventory:
   returned: unless the inventory was refused
   sample: Checking the inventory /etc/pd/prod (4 cluster host(s)).
 msg:
-  description: On success the report of the plan's warnings (if any) and the capacity summary of every
-    cluster, as lines; on failure why (the counts of the violations, listed in C(violations)).
+  description: On success the capacity summary of every cluster, as lines; on failure why (the counts
+    of the violations, listed in C(violations)).
   type: raw
   returned: always
 violations:
-  description: Every violation of a plan that breaks a rule, under their counts (printed once).
+  description: Every violation of the plan (errors on failure, else warnings), under their counts, as one
+    block of text (each violation on one line, printed once).
   type: str
-  returned: when the plan breaks a rule
+  returned: when the plan has a violation
 written:
   description: Number of files whose content this run changed under build_dir.
   type: int

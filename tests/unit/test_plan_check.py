@@ -98,9 +98,9 @@ def test_a_good_plan_writes_its_files_once_and_shows_warnings_then_capacity(tmp_
     assert not out.get("failed") and out["changed"] and out["written"] == len(files) and out["removed"] == []
     for entry in files:
         assert Path(entry["path"]).read_text(encoding="utf-8") == entry["content"]
-    warnings = report.plan_report(plan).splitlines()
-    assert out["msg"] == warnings + [""] + report.capacity_lines(plan)
-    assert warnings[0].startswith("The inventory passes every rule, with ")
+    assert out["msg"] == report.capacity_lines(plan)
+    assert out["violations"] == report.plan_report(plan)
+    assert out["violations"].startswith("The inventory passes every rule, with ")
     # the no-op re-run: same plan, nothing to write
     again = action.check(plan, INV, 5, build_dir=str(tmp_path), write=sync())
     assert not again["changed"] and again["written"] == 0
@@ -116,7 +116,7 @@ def test_render_specs_and_the_files_of_the_last_run(tmp_path):
     out = action.check(plan, INV, 5, build_dir=str(tmp_path), write=sync())
     assert sorted(out["removed"]) == sorted(with_specs - without) and out["changed"]
     assert not (tmp_path / "render" / "a-p0").exists() and (tmp_path / "plan.json").is_file()
-    assert out["msg"] == report.capacity_lines(plan)   # no warning: the capacity summary only
+    assert out["msg"] == report.capacity_lines(plan) and "violations" not in out   # no warning
 
 
 def test_a_bad_rollout_batch_is_refused_after_the_plan_checks_and_before_any_file(tmp_path):
