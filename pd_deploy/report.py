@@ -25,10 +25,41 @@ def plan_report(plan):
 
 
 def plan_failure_message(plan):
-    """The validate play's failure text: the counts only (the violations were printed just above)."""
+    """The validate play's failure text: the counts only. Ansible 2.19 prints a failed task's msg twice
+    (its error line and the result), so the violations come once, under it, in the result's
+    ``violations`` (pd_plan_check)."""
     errors, warnings = _counts(plan)
-    return (f"The inventory breaks {errors} rule(s) (and has {warnings} warning(s)), listed above; "
+    return (f"The inventory breaks {errors} rule(s) (and has {warnings} warning(s)), listed below; "
             "no host was touched.")
+
+
+def inventory_problem(sources, cluster_hosts, demo, refuse_demo):
+    """Why the inventory cannot be planned at all, or "" (checked before anything is written).
+
+    ``sources`` is ``ansible_inventory_sources``, ``cluster_hosts`` the number of hosts of pd_clusters,
+    ``demo`` whether its first host has ``pd_inventory_render_only`` (the embedded demo inventory) and
+    ``refuse_demo`` whether this run would start containers (not render-only): the demo inventory only
+    renders.
+    """
+    names = ", ".join(str(s) for s in sources or [])
+    if not cluster_hosts:
+        return (f"The inventory {names} holds no cluster: the group pd_clusters has no hosts. Name your fleet's "
+                "inventory with -i inventories/<fleet> (copy inventories/example) and list each cluster as a child "
+                "group of pd_clusters.")
+    if demo and refuse_demo:
+        return (f"{names} is the embedded demo inventory (pd_inventory_render_only): it only renders, it never "
+                "starts containers on this controller. Add -e pd_render_only=true to render, or name your fleet's "
+                "inventory with -i inventories/<fleet>.")
+    return ""
+
+
+def inventory_note(sources, cluster_hosts, demo):
+    """The line naming the inventory being checked: without -i, ansible.cfg's embedded demo inventory
+    is checked, and "ok" would read as the fleet's."""
+    names = ", ".join(str(s) for s in sources or [])
+    note = (": the embedded demo inventory (the default of ansible.cfg when no -i is given), not a fleet; name "
+            "the inventory of your fleet with -i inventories/<fleet>") if demo else ""
+    return f"Checking the inventory {names} ({cluster_hosts} cluster host(s)){note}."
 
 
 def _h(n):
