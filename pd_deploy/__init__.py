@@ -2,4 +2,15 @@
 
 Everything here is plain Python (no Ansible objects in, plain data out) so that it can be unit
 tested directly and reused by the playbooks through ``filter_plugins/pd.py``.
+
+Grouped by the stage of the pipeline that uses it:
+
+- ``shared``: errors, the package data files (``data/``, ``../schemas``), text and size helpers;
+- ``plan``: cluster normalization and launch specs (``model``), connectors, versions, capacity,
+  ports and the fleet plan (``fleet.plan_fleet``);
+- ``validate``: what the plan refuses or warns about: rules, limits, guards, inventory, secrets;
+- ``hostcheck``: prechecks, NPU network checks and compatibility of what runs on the hosts;
+- ``rollout``: container decisions and known failures in the ranks' logs;
+- ``report``: the deploy summary;
+- ``ops``: the operator's workflow after a deploy (health, baseline, capacity, gate, tuning).
 """

@@ -4,11 +4,12 @@ fitted back to a per-request footprint (``baseline_report``) and judged against 
 import copy
 from collections.abc import Mapping
 
-from pd_deploy import logparse, model, sizes
-from pd_deploy.containers import clean_log, log_tail
-from pd_deploy.errors import PdError
-from pd_deploy.ops import common
-from pd_deploy.ops.common import DEFAULT_FAMILY, model_band, p99_request_len
+from ..plan import model
+from ..rollout.containers import clean_log, log_tail
+from ..shared import sizes
+from ..shared.errors import PdError
+from . import common, logparse
+from .common import DEFAULT_FAMILY, model_band, p99_request_len
 
 _DROP_FLAGS = ("--kv-transfer-config", "--additional-config")
 

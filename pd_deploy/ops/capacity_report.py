@@ -6,10 +6,10 @@ import os
 from collections.abc import Mapping
 from xml.sax.saxutils import escape
 
-from pd_deploy import capacity, model
-from pd_deploy.errors import PdError
-from pd_deploy.ops import common
-from pd_deploy.ops.common import model_estimate
+from ..plan import capacity, model
+from ..shared.errors import PdError
+from . import common
+from .common import model_estimate
 
 GIB = 1024 ** 3
 

@@ -8,12 +8,13 @@ import math
 import re
 from collections.abc import Mapping
 
-from pd_deploy import capacity, model, sizes
-from pd_deploy.containers import clean_log
-from pd_deploy.errors import PdError
-from pd_deploy.ops import common, metrics
-from pd_deploy.ops.common import p99_request_len
-from pd_deploy.ops.metrics import metrics_window, parse_metrics
+from ..plan import capacity, model
+from ..rollout.containers import clean_log
+from ..shared import sizes
+from ..shared.errors import PdError
+from . import common, metrics
+from .common import p99_request_len
+from .metrics import metrics_window, parse_metrics
 
 #: kv_cache_usage_perc above this is "the KV pool is nearly empty" (article's pitfall table).
 KV_HIGH = 0.9

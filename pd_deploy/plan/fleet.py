@@ -11,11 +11,12 @@ import math
 import jsonschema
 import jsonschema.validators
 
-from pd_deploy import (capacity, datafiles, guards, inventory, limits, model, ports, rules, secrets, sizes, text,
-                       versions)
-from pd_deploy.containers import (containers_to_start, host_specs, moved_image_warnings, moved_images, orphans,
+from ..rollout.containers import (containers_to_start, host_specs, moved_image_warnings, moved_images, orphans,
                                   spec_ports, spec_state, start_reason, wiring_differs)
-from pd_deploy.errors import PdError
+from ..shared import datafiles, sizes, text
+from ..shared.errors import PdError
+from ..validate import guards, inventory, limits, rules, secrets
+from . import capacity, model, ports, versions
 
 HOST_VARS = inventory.HOST_FACTS
 #: Group names every inventory has or pd-deploy gives a meaning: a cluster named like one of them

@@ -11,8 +11,9 @@ import json
 import math
 
 
-from pd_deploy import connectors, datafiles, ports, sizes, versions
-from pd_deploy.errors import PdError
+from ..shared import datafiles, sizes
+from ..shared.errors import PdError
+from . import connectors, ports, versions
 
 ROLES = ("prefill", "decode")
 GIB = 1024 ** 3
@@ -176,7 +177,7 @@ def host_record(name, role, hostvars_subset):
     The IP address (pd_host_address / ansible_host), pd_hccl_if and pd_host_ram have no default
     (pd_deploy/inventory.py): a missing one raises PdError naming the host and the field.
     """
-    from pd_deploy import inventory  # local: inventory reads the roles, model stays importable alone
+    from ..validate import inventory  # local: inventory reads the roles, model stays importable alone
 
     base = defaults()["host"]
     hv = hostvars_subset or {}

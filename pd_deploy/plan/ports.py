@@ -17,8 +17,8 @@ are pure; nothing is kept between calls.
 
 import re
 
-from pd_deploy import datafiles
-from pd_deploy.errors import PdError
+from ..shared import datafiles
+from ..shared.errors import PdError
 
 _VERSION_RE = re.compile(r"^v?(\d+)\.(\d+)\.(\d+)(?:\.post(\d+))?$")
 ROLES = ("prefill", "decode")

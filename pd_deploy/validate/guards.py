@@ -11,7 +11,8 @@
 import ipaddress
 import re
 
-from pd_deploy import datafiles, model, text
+from ..plan import model
+from ..shared import datafiles, text
 
 # Docker image reference (distribution/reference grammar: [registry[:port]/]path[:tag][@digest];
 # path components lowercase; tag up to 128 word characters, dots and dashes).

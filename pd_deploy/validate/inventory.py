@@ -17,8 +17,8 @@ import os
 
 import yaml
 
-from pd_deploy import datafiles, sizes
-from pd_deploy.errors import PdError
+from ..shared import datafiles, sizes
+from ..shared.errors import PdError
 
 #: Host facts the model reads (schemas/host.schema.json describes each).
 HOST_FACTS = ("pd_host_address", "pd_npus", "pd_npu_first", "pd_hbm_per_npu", "pd_npu_chip", "pd_host_ram",
@@ -44,7 +44,8 @@ CONTROLLER_PATH_VARS = ("pd_plan_build_dir", "pd_ops_reports_dir", "pd_baseline_
                         "pd_tune_reports_dir", "pd_gate_prompts_file", "pd_image_archive", "pd_log_dir",
                         "pd_monitoring_dir")
 
-_ROLES_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "roles")
+# this file is pd_deploy/validate/inventory.py: roles/ is in the repository, three levels up
+_ROLES_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "roles")
 
 
 def _v(level, where, field, message, fix):

@@ -20,7 +20,8 @@ stops the cluster there, so no rule repeats it in other words.
   the connectors' byte counts are int64).
 """
 
-from pd_deploy import capacity, model, sizes
+from ..plan import capacity, model
+from ..shared import sizes
 
 _TRUE = ("1", "true", "yes")
 

@@ -12,8 +12,9 @@ connector configs). Nothing is kept between calls.
 
 import json
 
-from pd_deploy import capacity, connectors, model, ports, sizes, text, versions
-from pd_deploy.errors import PdError
+from ..plan import capacity, connectors, model, ports, versions
+from ..shared import sizes, text
+from ..shared.errors import PdError
 
 ROLES = ("prefill", "decode")
 GIB = 1024 ** 3

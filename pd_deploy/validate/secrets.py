@@ -25,7 +25,7 @@ import hmac
 import re
 from collections.abc import Mapping
 
-from pd_deploy.errors import PdError
+from ..shared.errors import PdError
 
 #: HMAC key of the digest: a fixed label (the digest only has to change with the key and not reveal
 #: it; a weak key stays guessable from any digest, so use a long random key).

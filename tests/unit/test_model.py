@@ -11,8 +11,8 @@ import os
 import pytest
 import yaml
 
-from pd_deploy import model
-from pd_deploy.errors import PdError
+from pd_deploy.plan import model
+from pd_deploy.shared.errors import PdError
 
 GIB = 1024 ** 3
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -14,7 +14,9 @@ import os
 import pytest
 import yaml
 
-from pd_deploy import datafiles, fleet, guards, model
+from pd_deploy.plan import fleet, model
+from pd_deploy.shared import datafiles
+from pd_deploy.validate import guards
 from test_fleet import cluster_a, example_fleet
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

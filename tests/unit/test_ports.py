@@ -6,8 +6,10 @@ reference), never read from pd_deploy/data/ports.yml.
 
 import pytest
 
-from pd_deploy import datafiles, model, ports, rules, versions
-from pd_deploy.errors import PdError
+from pd_deploy.plan import model, ports, versions
+from pd_deploy.shared import datafiles
+from pd_deploy.shared.errors import PdError
+from pd_deploy.validate import rules
 
 
 def plan(raw, hosts):

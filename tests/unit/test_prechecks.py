@@ -9,7 +9,8 @@ import copy
 
 import pytest
 
-from pd_deploy import model, prechecks
+from pd_deploy.hostcheck import prechecks
+from pd_deploy.plan import model
 
 GIB = 1024 ** 3
 KIB = 1024

@@ -17,8 +17,9 @@ from http.server import ThreadingHTTPServer
 
 import pytest
 
-from pd_deploy import fleet, model, secrets
-from pd_deploy.errors import PdError
+from pd_deploy.plan import fleet, model
+from pd_deploy.shared.errors import PdError
+from pd_deploy.validate import secrets
 from test_filters_registration import PLUGIN
 from test_fleet import cluster_a, example_fleet, member
 from tests.fixtures.ops_inputs import _Pages

@@ -22,7 +22,7 @@ import re
 import pytest
 import yaml
 
-from pd_deploy import model
+from pd_deploy.plan import model
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 FIXTURES = sorted(glob.glob(os.path.join(REPO, "tests", "fixtures", "upstream", "*.yml")))
