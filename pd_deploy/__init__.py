@@ -8,7 +8,8 @@ Grouped by the stage of the pipeline that uses it:
 - ``shared``: errors, the package data files (``data/``, ``../schemas``), text and size helpers;
 - ``plan``: cluster normalization and launch specs (``model``), connectors, versions, capacity,
   ports and the fleet plan (``fleet.plan_fleet``);
-- ``validate``: what the plan refuses or warns about: rules, limits, guards, inventory, secrets;
+- ``validate``: what the plan refuses or warns about: rules, limits, guards, inventory, secrets,
+  every problem one ``violation.Violation`` dict (the plan's own topology problems too);
 - ``hostcheck``: prechecks, NPU network checks and compatibility of what runs on the hosts;
 - ``rollout``: container decisions and known failures in the ranks' logs;
 - ``report``: the deploy summary;

@@ -16,6 +16,7 @@ from ..rollout.containers import (containers_to_start, host_specs, moved_image_w
 from ..shared import datafiles, sizes, text
 from ..shared.errors import PdError
 from ..validate import guards, inventory, limits, rules, secrets
+from ..validate.violation import violation
 from . import capacity, model, ports, versions
 
 HOST_VARS = inventory.HOST_FACTS
@@ -73,10 +74,6 @@ def _type_explained(err, schema_name):
         return (f"{value!r} is quoted text, the field takes {kind}",
                 f"write {value.strip()} without quotes (see schemas/{schema_name})")
     return None
-
-
-def _v(level, where, field, message, fix):
-    return {"level": level, "where": where, "field": field, "message": message, "fix": fix}
 
 
 def _non_finite(instance, path=()):
@@ -143,7 +140,7 @@ def shape_violations(instance, schema_name, where, prefix=""):
     out = []
     for path in _non_finite(instance):
         field = ".".join(p for p in (prefix, *path) if p)
-        out.append(_v("error", where, field, "is not a finite number (NaN or infinity)", "write a finite number"))
+        out.append(violation("error", where, field, "is not a finite number (NaN or infinity)", "write a finite number"))
     for err in sorted(validator.iter_errors(instance), key=lambda e: list(map(str, e.absolute_path))):
         path = ".".join(str(p) for p in err.absolute_path)
         if isinstance(err.instance, float) and not math.isfinite(err.instance):
@@ -153,19 +150,19 @@ def shape_violations(instance, schema_name, where, prefix=""):
             known = (err.schema or {}).get("properties") or {}
             for key in [k for k in err.instance if k not in known]:
                 field = ".".join(str(p) for p in (prefix, path, key) if p)
-                out.append(_v("error", where, field, f"unknown key {key!r}",
-                              "remove or rename the key (see inventories/example for the accepted keys)"))
+                out.append(violation("error", where, field, f"unknown key {key!r}",
+                                     "remove or rename the key (see inventories/example for the accepted keys)"))
             continue
         if err.validator == "required":
             # one violation per missing key, each named (a missing model is reported as model)
             for key in [k for k in err.validator_value if k not in (err.instance or {})]:
                 field = ".".join(p for p in (prefix, path, key) if p)
-                out.append(_v("error", where, field, "missing (required, no default)",
-                              f"add the key {key} (see inventories/example)"))
+                out.append(violation("error", where, field, "missing (required, no default)",
+                                     f"add the key {key} (see inventories/example)"))
             continue
         field = ".".join(p for p in (prefix, path) if p) or prefix or "(top level)"
         message, fix = _explain(err, schema_name)
-        out.append(_v("error", where, field, message, fix))
+        out.append(violation("error", where, field, message, fix))
     return out
 
 
@@ -173,9 +170,9 @@ def _host_role(host):
     roles = [r for r in model.ROLES if r in host["groups"]]
     if len(roles) != 1:
         found = " and ".join(roles) if roles else "neither"
-        return None, _v("error", host["name"], "groups",
-                        f"host is in {found} of the 'prefill'/'decode' groups",
-                        "put every cluster host in exactly one of the groups 'prefill' and 'decode'")
+        return None, violation("error", host["name"], "groups",
+                               f"host is in {found} of the 'prefill'/'decode' groups",
+                               "put every cluster host in exactly one of the groups 'prefill' and 'decode'")
     return roles[0], None
 
 
@@ -192,33 +189,33 @@ def _group_hosts(fleet, violations, incomplete):
     for host in fleet["hosts"]:
         hv = host.get("vars") or {}
         if text.unsafe(host["name"]):
-            violations.append(_v("error", host["name"], "inventory host name",
-                                 f"{text.shown(host['name'])} holds {text.shown(''.join(text.unsafe(host['name'])))}, "
-                                 "an invisible or control character: it prints like another name and its "
-                                 "host_vars file is not the one it seems",
-                                 "retype the host name in hosts.yml (and its host_vars file name)"))
+            violations.append(violation("error", host["name"], "inventory host name",
+                                        f"{text.shown(host['name'])} holds {text.shown(''.join(text.unsafe(host['name'])))}, "
+                                        "an invisible or control character: it prints like another name and its "
+                                        "host_vars file is not the one it seems",
+                                        "retype the host name in hosts.yml (and its host_vars file name)"))
             continue
         if host.get("error"):
-            violations.append(_v("error", host["name"], "variables", host["error"],
-                                 "fix the file named above (YAML indentation, quoting) and run again"))
+            violations.append(violation("error", host["name"], "variables", host["error"],
+                                        "fix the file named above (YAML indentation, quoting) and run again"))
             continue
         raw = hv.get("pd_cluster")
         if not isinstance(raw, dict):
-            violations.append(_v("error", host["name"], "pd_cluster",
-                                 "no pd_cluster mapping reaches this host",
-                                 "define pd_cluster in group_vars/<cluster>.yml for the host's cluster group"))
+            violations.append(violation("error", host["name"], "pd_cluster",
+                                        "no pd_cluster mapping reaches this host",
+                                        "define pd_cluster in group_vars/<cluster>.yml for the host's cluster group"))
             continue
         name = raw.get("name")
         if name in RESERVED_GROUPS:
-            violations.append(_v("error", host["name"], "pd_cluster.name",
-                                 f"{name!r} names a parent group, not a cluster: every host of that group would "
-                                 "join this cluster",
-                                 "name the cluster after its own child group of pd_clusters (e.g. cluster_a)"))
+            violations.append(violation("error", host["name"], "pd_cluster.name",
+                                        f"{name!r} names a parent group, not a cluster: every host of that group would "
+                                        "join this cluster",
+                                        "name the cluster after its own child group of pd_clusters (e.g. cluster_a)"))
             continue
         if name not in host["groups"]:
-            violations.append(_v("error", host["name"], "pd_cluster.name",
-                                 f"{name!r} is not an inventory group this host belongs to",
-                                 "set pd_cluster.name to the cluster's group name in its group_vars file"))
+            violations.append(violation("error", host["name"], "pd_cluster.name",
+                                        f"{name!r} is not an inventory group this host belongs to",
+                                        "set pd_cluster.name to the cluster's group name in its group_vars file"))
             continue
         claimed[host["name"]] = name
         role, problem = _host_role(host)
@@ -241,7 +238,7 @@ def _group_hosts(fleet, violations, incomplete):
         try:
             record = model.host_record(host["name"], role, hv)
         except PdError as exc:
-            violations.append(_v("error", exc.where, exc.field, exc.problem, exc.fix))
+            violations.append(violation("error", exc.where, exc.field, exc.problem, exc.fix))
             incomplete.add(name)
             continue
         record["allow_idle"] = hv.get("pd_allow_idle_hosts") is True
@@ -252,10 +249,10 @@ def _group_hosts(fleet, violations, incomplete):
     for host in fleet["hosts"]:
         for group in host["groups"]:
             if group in clusters and claimed.get(host["name"], group) != group:
-                violations.append(_v("error", host["name"], "pd_cluster.name",
-                                     f"the host is in group {group!r} (a cluster) but belongs to cluster "
-                                     f"{claimed[host['name']]!r}: two clusters would share hosts",
-                                     f"give cluster {group!r} its own group, holding only its hosts"))
+                violations.append(violation("error", host["name"], "pd_cluster.name",
+                                            f"the host is in group {group!r} (a cluster) but belongs to cluster "
+                                            f"{claimed[host['name']]!r}: two clusters would share hosts",
+                                            f"give cluster {group!r} its own group, holding only its hosts"))
     return clusters
 
 
@@ -266,11 +263,11 @@ def break_lock_warnings(hosts):
         mark = (host.get("vars") or {}).get("pd_deploy_break_lock")
         if isinstance(mark, dict):
             kept.setdefault(mark.get("kept_in") or "the inventory", []).append(host["name"])
-    return [_v("warning", "inventory", "pd_deploy_break_lock",
-               f"is true in {origin} (hosts {', '.join(names[:4])}{' ...' if len(names) > 4 else ''}): every "
-               "deploy breaks the cluster's deploy lock, so two runs at once are no longer refused",
-               "remove it from the inventory and give -e pd_deploy_break_lock=true to the one run that must break "
-               "a stale lock") for origin, names in kept.items()]
+    return [violation("warning", "inventory", "pd_deploy_break_lock",
+                      f"is true in {origin} (hosts {', '.join(names[:4])}{' ...' if len(names) > 4 else ''}): every "
+                      "deploy breaks the cluster's deploy lock, so two runs at once are no longer refused",
+                      "remove it from the inventory and give -e pd_deploy_break_lock=true to the one run that must break "
+                      "a stale lock") for origin, names in kept.items()]
 
 
 def _kv_figures(cluster, role, hosts, topo):
@@ -323,10 +320,10 @@ def idle_host_violations(name, topo, proxy):
     for host, rec in topo["hosts"].items():
         if rec["ranks"] or (proxy and proxy["host"] == host) or rec.get("allow_idle"):
             continue
-        out.append(_v("error", f"{name}/{rec['role']}@{host}", "hosts",
-                      f"idle host: {host} is in cluster {name} but gets no {rec['role']} rank and no proxy",
-                      f"remove it from the cluster, raise {rec['role']}.instances / dp, or set "
-                      "pd_allow_idle_hosts: true in its host_vars to keep it as a spare"))
+        out.append(violation("error", f"{name}/{rec['role']}@{host}", "hosts",
+                             f"idle host: {host} is in cluster {name} but gets no {rec['role']} rank and no proxy",
+                             f"remove it from the cluster, raise {rec['role']}.instances / dp, or set "
+                             "pd_allow_idle_hosts: true in its host_vars to keep it as a spare"))
     return out
 
 
@@ -382,12 +379,12 @@ def plan_cluster(name, raw, hosts, complete=True):
         _plan_cluster(name, raw, hosts, result, complete)
     except PdError as exc:
         where = exc.where if str(exc.where).startswith(name) else f"{name}: {exc.where}"
-        result["violations"].append(_v("error", where, exc.field, exc.problem, exc.fix or "fix the value"))
+        result["violations"].append(violation("error", where, exc.field, exc.problem, exc.fix or "fix the value"))
         result["specs"], result["proxy"] = [], None
     except Exception as exc:  # noqa: BLE001 -- fail closed with a readable violation, never a traceback
-        result["violations"].append(_v("error", name, "(plan)", f"internal error {type(exc).__name__}: {exc}",
-                                       "check the values of this cluster's hosts and pd_cluster; report the "
-                                       "inventory to the pd-deploy maintainers"))
+        result["violations"].append(violation("error", name, "(plan)", f"internal error {type(exc).__name__}: {exc}",
+                                              "check the values of this cluster's hosts and pd_cluster; report the "
+                                              "inventory to the pd-deploy maintainers"))
         result["specs"], result["proxy"] = [], None
     return result
 
@@ -456,11 +453,11 @@ def port_collisions(specs, address_of, machine_of=None):
     out = []
     for spec, other, address, ports in clashes.values():
         shown = ", ".join(map(str, ports[:6])) + (" ..." if len(ports) > 6 else "")
-        out.append(_v("error", f"{spec['cluster']}@{spec['host']}", "ports",
-                      f"{spec['name']} and {other['name']} (cluster {other['cluster']}) both use port(s) "
-                      f"{shown} on machine {address}",
-                      "give the clusters sharing this address distinct port_base / kv_port / dp_rpc_port / "
-                      "proxy.port values"))
+        out.append(violation("error", f"{spec['cluster']}@{spec['host']}", "ports",
+                             f"{spec['name']} and {other['name']} (cluster {other['cluster']}) both use port(s) "
+                             f"{shown} on machine {address}",
+                             "give the clusters sharing this address distinct port_base / kv_port / dp_rpc_port / "
+                             "proxy.port values"))
     return out
 
 
@@ -488,10 +485,10 @@ def plan_fleet(fleet):
     incomplete = set()
     grouped = _group_hosts(fleet, violations, incomplete)
     if not fleet["hosts"]:
-        violations.append(_v("error", "inventory", "pd_clusters",
-                             "the inventory holds no cluster: the group pd_clusters has no hosts",
-                             "name your fleet's inventory with -i (copy inventories/example) and list each "
-                             "cluster as a child group of pd_clusters"))
+        violations.append(violation("error", "inventory", "pd_clusters",
+                                    "the inventory holds no cluster: the group pd_clusters has no hosts",
+                                    "name your fleet's inventory with -i (copy inventories/example) and list each "
+                                    "cluster as a child group of pd_clusters"))
     plan = {"clusters": {}, "hosts": {}}
     all_specs = []
     window_claims = []

@@ -13,6 +13,7 @@ import math
 
 from ..shared import datafiles, sizes
 from ..shared.errors import PdError
+from ..validate.violation import error, violation
 from . import connectors, ports, versions
 
 ROLES = ("prefill", "decode")
@@ -235,7 +236,7 @@ def topology(cluster, hosts):
         slots = []  # (host, first device) in fill order
         for host in role_hosts:
             if host["npus"] % tp:
-                problems.append(_problem(
+                problems.append(error(
                     f"{name}/{role}@{host['name']}", f"{role}.tp",
                     f"tp {tp} does not divide the host's {host['npus']} NPUs",
                     "choose tp that divides pd_npus (4 or 8 on an 8-NPU host)"))
@@ -243,16 +244,16 @@ def topology(cluster, hosts):
                 slots.append((host, host["npu_first"] + slot * tp))
         needed = count * dp
         if needed > len(slots):
-            problems.append(_problem(
+            problems.append(error(
                 f"{name}/{role}", f"{role}.instances",
                 f"{count} instance(s) of DP{dp} x TP{tp} need {needed * tp} NPUs but the {role} hosts "
                 f"({', '.join(h['name'] for h in role_hosts) or 'none'}) have {len(slots) * tp} usable",
                 f"add hosts to the '{role}' group of {name} or lower {role}.instances / dp"))
         elif needed < len(slots):
-            problems.append(_problem(
-                f"{name}/{role}", f"{role}.instances",
+            problems.append(violation(
+                "warning", f"{name}/{role}", f"{role}.instances",
                 f"{len(slots) - needed} DP slot(s) of TP{tp} on the {role} hosts stay unused",
-                "raise instances or dp, or remove the spare host from the group", level="warning"))
+                "raise instances or dp, or remove the spare host from the group"))
         for index in range(count):
             inst = {
                 "role": role, "index": index, "dp": dp, "tp": tp,
@@ -292,10 +293,6 @@ def _hccl_slots(topo):
             if (inst["role"], inst["index"]) not in owners:
                 owners.append((inst["role"], inst["index"]))
             rank["hccl_slot"] = owners.index((inst["role"], inst["index"]))
-
-
-def _problem(where, field, message, fix, level="error"):
-    return {"level": level, "where": where, "field": field, "message": message, "fix": fix}
 
 
 def role_topology(cluster, role):

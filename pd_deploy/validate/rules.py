@@ -15,6 +15,7 @@ import json
 from ..plan import capacity, connectors, model, ports, versions
 from ..shared import sizes, text
 from ..shared.errors import PdError
+from .violation import violation
 
 ROLES = ("prefill", "decode")
 GIB = 1024 ** 3
@@ -31,11 +32,6 @@ _V4_FAMILY_PREFIX = "deepseek_v4"
 
 # ---------------------------------------------------------------------------------------------
 # helpers
-
-
-def _v(level, where, field, message, fix):
-    """One violation dict (docs/design.md "Violations")."""
-    return {"level": level, "where": where, "field": field, "message": message, "fix": fix}
 
 
 def _where(ctx, role=None, instance=None, host=None):
@@ -160,16 +156,16 @@ def _rendered(ctx):
             inst = _find_instance(ctx, role, spec.get("instance"))
             where = _where(ctx, role, spec.get("instance"), spec.get("host"))
             if inst is None:
-                problems.append(_v("error", where, f"{role}.instances",
-                                   f"launch spec {spec.get('name')!r} names an instance the topology lacks",
-                                   "render the launch specs from this topology"))
+                problems.append(violation("error", where, f"{role}.instances",
+                                          f"launch spec {spec.get('name')!r} names an instance the topology lacks",
+                                          "render the launch specs from this topology"))
                 continue
             try:
                 items.append((where, role, inst, _command_json(spec.get("command"), "--kv-transfer-config")))
             except ValueError as exc:
-                problems.append(_v("error", where, f"{role}.kv_transfer_config",
-                                   f"the rendered --kv-transfer-config is not valid JSON ({exc})",
-                                   "render it with pd_deploy.connectors.kv_transfer_config"))
+                problems.append(violation("error", where, f"{role}.kv_transfer_config",
+                                          f"the rendered --kv-transfer-config is not valid JSON ({exc})",
+                                          "render it with pd_deploy.connectors.kv_transfer_config"))
         return items, problems
     if row is None:
         return items, problems
@@ -194,7 +190,7 @@ def _rendered(ctx):
             items.append((where, role, inst,
                           connectors.kv_transfer_config(rcfg, ctx["cluster"], inst, row, per_container)))
         except PdError as exc:
-            problems.append(_v("error", where, exc.field, exc.problem, exc.fix or "see the field's documentation"))
+            problems.append(violation("error", where, exc.field, exc.problem, exc.fix or "see the field's documentation"))
     return items, problems
 
 
@@ -234,7 +230,7 @@ def rule_version_known(ctx):
     exc = ctx["row_error"]
     if exc is None:
         return []
-    return [_v("error", ctx["name"], "vllm_ascend_version", exc.problem, exc.fix)]
+    return [violation("error", ctx["name"], "vllm_ascend_version", exc.problem, exc.fix)]
 
 
 def rule_engine_types(ctx):
@@ -246,18 +242,18 @@ def rule_engine_types(ctx):
         engine = ctx["roles"][role]["engine"]
         for key in ints:
             if key in engine and (not _is_int(engine[key]) or engine[key] < 1):
-                out.append(_v("error", _where(ctx, role), f"{role}.engine.{key}",
-                              f"{engine[key]!r} is not a whole number >= 1",
-                              f"set {role}.engine.{key} to a whole number"))
+                out.append(violation("error", _where(ctx, role), f"{role}.engine.{key}",
+                                     f"{engine[key]!r} is not a whole number >= 1",
+                                     f"set {role}.engine.{key} to a whole number"))
         gmu = engine.get("gpu_memory_utilization")
         if not _is_number(gmu):
-            out.append(_v("error", _where(ctx, role), f"{role}.engine.gpu_memory_utilization",
-                          f"{gmu!r} is not a number", f"set gpu_memory_utilization: {GMU_PRODUCTION} (production)"))
+            out.append(violation("error", _where(ctx, role), f"{role}.engine.gpu_memory_utilization",
+                                 f"{gmu!r} is not a number", f"set gpu_memory_utilization: {GMU_PRODUCTION} (production)"))
     for key in ("avg_prompt_tokens", "p99_prompt_tokens", "p99_output_tokens"):
         value = ctx["cluster"]["workload"].get(key)
         if not _is_int(value) or value < 1:
-            out.append(_v("error", ctx["name"], f"workload.{key}", f"{value!r} is not a whole number >= 1",
-                          f"set workload.{key} to the measured token count"))
+            out.append(violation("error", ctx["name"], f"workload.{key}", f"{value!r} is not a whole number >= 1",
+                                 f"set workload.{key} to the measured token count"))
     # the ports and counts the port rules compare and the proxy parses with type=int: a float here
     # (8000.0) would be skipped by every port rule and rendered as --port 8000.0
     for role in ROLES:
@@ -279,7 +275,7 @@ def _whole(value, where, field, minimum):
         return []
     fix = f"write {int(value)}" if isinstance(value, float) and value.is_integer() and value >= minimum \
         else f"set {field} to a whole number >= {minimum}"
-    return [_v("error", where, field, f"{value!r} is not a whole number >= {minimum}", fix)]
+    return [violation("error", where, field, f"{value!r} is not a whole number >= {minimum}", fix)]
 
 
 def rule_mooncake_connector_name(ctx):
@@ -288,9 +284,9 @@ def rule_mooncake_connector_name(ctx):
     name = ctx["cluster"]["mooncake_connector"]
     if row is None or not _mooncake_on(ctx) or name in row["mooncake_connectors"]:
         return []
-    return [_v("error", ctx["name"], "mooncake_connector",
-               f"{name!r} is not a Mooncake connector of vllm-ascend {row['line']}",
-               f"set mooncake_connector to one of: {', '.join(row['mooncake_connectors'])}")]
+    return [violation("error", ctx["name"], "mooncake_connector",
+                      f"{name!r} is not a Mooncake connector of vllm-ascend {row['line']}",
+                      f"set mooncake_connector to one of: {', '.join(row['mooncake_connectors'])}")]
 
 
 def rule_mooncake_both_sides(ctx):
@@ -299,27 +295,27 @@ def rule_mooncake_both_sides(ctx):
     if flags["prefill"] == flags["decode"]:
         return []
     off = [r for r in ROLES if flags[r] is not True][0]
-    return [_v("error", _where(ctx, off), f"{off}.mooncake",
-               f"Mooncake is on for {'decode' if off == 'prefill' else 'prefill'} but off for {off}: "
-               "KV cannot travel from P to D",
-               f"set {off}.mooncake: true")]
+    return [violation("error", _where(ctx, off), f"{off}.mooncake",
+                      f"Mooncake is on for {'decode' if off == 'prefill' else 'prefill'} but off for {off}: "
+                      "KV cannot travel from P to D",
+                      f"set {off}.mooncake: true")]
 
 
 def rule_recompute_scheduler_placement(ctx):
     """recompute_scheduler_enable only on D, and D needs a kv_consumer transfer config for it."""
     out = []
     if ctx["roles"]["prefill"].get("recompute_scheduler") is True:
-        out.append(_v("error", _where(ctx, "prefill"), "prefill.recompute_scheduler",
-                      "recompute_scheduler_enable is for decode nodes only; vllm-ascend refuses to start with it "
-                      "on kv_both / PD-mixed nodes and ignores it on kv_producer nodes",
-                      "set prefill.recompute_scheduler: false (keep it on decode)"))
+        out.append(violation("error", _where(ctx, "prefill"), "prefill.recompute_scheduler",
+                             "recompute_scheduler_enable is for decode nodes only; vllm-ascend refuses to start with it "
+                             "on kv_both / PD-mixed nodes and ignores it on kv_producer nodes",
+                             "set prefill.recompute_scheduler: false (keep it on decode)"))
     dec = ctx["roles"]["decode"]
     if dec.get("recompute_scheduler") is True and dec.get("mooncake") is not True and \
             dec.get("offload_connector") != "RecomputeCPUOffloadConnector":
-        out.append(_v("error", _where(ctx, "decode"), "decode.recompute_scheduler",
-                      "the recompute scheduler needs a kv_consumer --kv-transfer-config, and decode has no connector "
-                      "(vllm-ascend raises ValueError)",
-                      "set decode.mooncake: true, or decode.recompute_scheduler: false"))
+        out.append(violation("error", _where(ctx, "decode"), "decode.recompute_scheduler",
+                             "the recompute scheduler needs a kv_consumer --kv-transfer-config, and decode has no connector "
+                             "(vllm-ascend raises ValueError)",
+                             "set decode.mooncake: true, or decode.recompute_scheduler: false"))
     return out
 
 
@@ -327,20 +323,20 @@ def rule_recompute_connector_placement(ctx):
     """RecomputeCPUOffloadConnector: kv_role kv_consumer, decode only."""
     if ctx["roles"]["prefill"].get("offload_connector") != "RecomputeCPUOffloadConnector":
         return []
-    return [_v("error", _where(ctx, "prefill"), "prefill.offload_connector",
-               "RecomputeCPUOffloadConnector runs as kv_consumer and only protects preempted decode requests",
-               "use offload_connector: OffloadingConnector on prefill "
-               "(RecomputeCPUOffloadConnector belongs on decode)")]
+    return [violation("error", _where(ctx, "prefill"), "prefill.offload_connector",
+                      "RecomputeCPUOffloadConnector runs as kv_consumer and only protects preempted decode requests",
+                      "use offload_connector: OffloadingConnector on prefill "
+                      "(RecomputeCPUOffloadConnector belongs on decode)")]
 
 
 def rule_offloading_connector_placement(ctx):
     """OffloadingConnector: kv_role kv_both, prefill only (prefix paging)."""
     if ctx["roles"]["decode"].get("offload_connector") != "OffloadingConnector":
         return []
-    return [_v("error", _where(ctx, "decode"), "decode.offload_connector",
-               "OffloadingConnector (kv_both, prefix paging) belongs on prefill; decode KV only grows until "
-               "a request ends",
-               "use offload_connector: RecomputeCPUOffloadConnector on decode, or none")]
+    return [violation("error", _where(ctx, "decode"), "decode.offload_connector",
+                      "OffloadingConnector (kv_both, prefix paging) belongs on prefill; decode KV only grows until "
+                      "a request ends",
+                      "use offload_connector: RecomputeCPUOffloadConnector on decode, or none")]
 
 
 def rule_offloading_usable(ctx):
@@ -353,11 +349,11 @@ def rule_offloading_usable(ctx):
     for role in ROLES:
         if ctx["roles"][role].get("offload_connector") != "OffloadingConnector":
             continue
-        out.append(_v("error", _where(ctx, role), f"{role}.offload_connector",
-                      f"OffloadingConnector cannot start on vllm-ascend {row['line']} "
-                      f"(pd_deploy/data/versions.yml): {' '.join(row['offloading_connector']['reason'].split())}",
-                      f"set vllm_ascend_version to a line where it works ({', '.join(lines) or 'none yet'}) "
-                      f"with its image, or set {role}.offload_connector: none and {role}.cpu_offload: 0"))
+        out.append(violation("error", _where(ctx, role), f"{role}.offload_connector",
+                             f"OffloadingConnector cannot start on vllm-ascend {row['line']} "
+                             f"(pd_deploy/data/versions.yml): {' '.join(row['offloading_connector']['reason'].split())}",
+                             f"set vllm_ascend_version to a line where it works ({', '.join(lines) or 'none yet'}) "
+                             f"with its image, or set {role}.offload_connector: none and {role}.cpu_offload: 0"))
     return out
 
 
@@ -380,14 +376,14 @@ def rule_decode_batched_tokens(ctx):
     fix = (f"set decode.engine.max_num_batched_tokens: {need} (max_num_seqs {seqs} x (1 + {spec})), "
            "or null to derive it")
     if tokens < need:
-        return [_v("error", _where(ctx, "decode"), field,
-                   f"{tokens} < max_num_seqs x (1 + num_speculative_tokens) = {need}: one decode step of every "
-                   "running request with its draft tokens does not fit, so decode cannot run max_num_seqs at once",
-                   fix)]
-    return [_v("warning", _where(ctx, "decode"), field,
-               f"{tokens} > max_num_seqs x (1 + num_speculative_tokens) = {need}: upstream sizes decode exactly "
-               "(tutorial A2 D 30 x 2 = 60, nightly D 60 x 4 = 240); the surplus only reserves activation memory",
-               fix)]
+        return [violation("error", _where(ctx, "decode"), field,
+                          f"{tokens} < max_num_seqs x (1 + num_speculative_tokens) = {need}: one decode step of every "
+                          "running request with its draft tokens does not fit, so decode cannot run max_num_seqs at once",
+                          fix)]
+    return [violation("warning", _where(ctx, "decode"), field,
+                      f"{tokens} > max_num_seqs x (1 + num_speculative_tokens) = {need}: upstream sizes decode exactly "
+                      "(tutorial A2 D 30 x 2 = 60, nightly D 60 x 4 = 240); the surplus only reserves activation memory",
+                      fix)]
 
 
 #: vllm-ascend sets the largest captured ACL graph to min(max_num_seqs x (1 + draft tokens), 512) when
@@ -405,11 +401,11 @@ def rule_decode_graph_capture(ctx):
     need = values[0] * (1 + values[1])
     if need <= GRAPH_CAPTURE_CAP:
         return []
-    return [_v("warning", _where(ctx, "decode"), "decode.engine.max_num_seqs",
-               f"max_num_seqs x (1 + num_speculative_tokens) = {need} > {GRAPH_CAPTURE_CAP}: vllm-ascend captures "
-               f"decode graphs up to {GRAPH_CAPTURE_CAP} tokens, so full decode batches run without "
-               f"{engine['cudagraph_mode']} graphs",
-               f"keep max_num_seqs x (1 + num_speculative_tokens) <= {GRAPH_CAPTURE_CAP}, or add more decode DP ranks")]
+    return [violation("warning", _where(ctx, "decode"), "decode.engine.max_num_seqs",
+                      f"max_num_seqs x (1 + num_speculative_tokens) = {need} > {GRAPH_CAPTURE_CAP}: vllm-ascend captures "
+                      f"decode graphs up to {GRAPH_CAPTURE_CAP} tokens, so full decode batches run without "
+                      f"{engine['cudagraph_mode']} graphs",
+                      f"keep max_num_seqs x (1 + num_speculative_tokens) <= {GRAPH_CAPTURE_CAP}, or add more decode DP ranks")]
 
 
 def rule_speculative_agree(ctx):
@@ -420,25 +416,25 @@ def rule_speculative_agree(ctx):
     if not all(_is_int(v) and v >= 0 for v in n.values()):
         for role in ROLES:
             if not (_is_int(n[role]) and n[role] >= 0):
-                out.append(_v("error", _where(ctx, role), f"{role}.engine.num_speculative_tokens",
-                              f"{n[role]!r} is not a whole number >= 0", "set num_speculative_tokens: 1 (MTP) or 0"))
+                out.append(violation("error", _where(ctx, role), f"{role}.engine.num_speculative_tokens",
+                                     f"{n[role]!r} is not a whole number >= 0", "set num_speculative_tokens: 1 (MTP) or 0"))
         return out
     if (n["prefill"] > 0) != (n["decode"] > 0):
         off = "prefill" if n["prefill"] == 0 else "decode"
-        out.append(_v("error", _where(ctx, off), f"{off}.engine.num_speculative_tokens",
-                      f"speculative decoding is on for {'decode' if off == 'prefill' else 'prefill'} but off for "
-                      f"{off}: P and D must run the same speculative method, the Mooncake connector transfers the "
-                      "draft (MTP) layer's KV only when both sides have it",
-                      f"set {off}.engine.num_speculative_tokens: 1 (or 0 on both)"))
+        out.append(violation("error", _where(ctx, off), f"{off}.engine.num_speculative_tokens",
+                             f"speculative decoding is on for {'decode' if off == 'prefill' else 'prefill'} but off for "
+                             f"{off}: P and D must run the same speculative method, the Mooncake connector transfers the "
+                             "draft (MTP) layer's KV only when both sides have it",
+                             f"set {off}.engine.num_speculative_tokens: 1 (or 0 on both)"))
     if (n["prefill"] or n["decode"]) and not method:
-        out.append(_v("error", ctx["name"], "recipe.speculative_method",
-                      "num_speculative_tokens > 0 but the model family has no speculative method",
-                      "set pd_cluster.recipe.speculative_method (mtp), or num_speculative_tokens: 0"))
+        out.append(violation("error", ctx["name"], "recipe.speculative_method",
+                             "num_speculative_tokens > 0 but the model family has no speculative method",
+                             "set pd_cluster.recipe.speculative_method (mtp), or num_speculative_tokens: 0"))
     if method == "mtp" and n["prefill"] > 1:
-        out.append(_v("warning", _where(ctx, "prefill"), "prefill.engine.num_speculative_tokens",
-                      f"{n['prefill']} MTP tokens on prefill: P generates one token, upstream drafts 1 there "
-                      "(DeepSeek-V4-Flash tutorial: 'Prefill to 1 and Decode to the actual number')",
-                      "set prefill.engine.num_speculative_tokens: 1"))
+        out.append(violation("warning", _where(ctx, "prefill"), "prefill.engine.num_speculative_tokens",
+                             f"{n['prefill']} MTP tokens on prefill: P generates one token, upstream drafts 1 there "
+                             "(DeepSeek-V4-Flash tutorial: 'Prefill to 1 and Decode to the actual number')",
+                             "set prefill.engine.num_speculative_tokens: 1"))
     return out
 
 
@@ -446,9 +442,9 @@ def rule_recipe_flags(ctx):
     """--enable-auto-tool-choice needs a --tool-call-parser (vLLM refuses to start without one)."""
     recipe = ctx["cluster"].get("recipe") or {}
     if recipe.get("enable_auto_tool_choice") and not recipe.get("tool_call_parser"):
-        return [_v("error", ctx["name"], "recipe.enable_auto_tool_choice",
-                   "auto tool choice is on without a tool call parser: vLLM refuses to start",
-                   "set pd_cluster.recipe.tool_call_parser (deepseek_v4), or enable_auto_tool_choice: false")]
+        return [violation("error", ctx["name"], "recipe.enable_auto_tool_choice",
+                          "auto tool choice is on without a tool call parser: vLLM refuses to start",
+                          "set pd_cluster.recipe.tool_call_parser (deepseek_v4), or enable_auto_tool_choice: false")]
     return []
 
 
@@ -508,17 +504,17 @@ def rule_image_tag(ctx):
     kind = (f"machine(s) {', '.join(a3)} have {A3_NPUS} NPUs: A3 machines run the -a3 image, however the "
             "inventory splits them into hosts" if a3 else "A2 machines (8 NPUs) run the image without -a3")
     if row["image_tag"] is None:
-        return [_v("warning", ctx["name"], "image",
-                   f"vllm-ascend {row['line']} has no published image tag in pd_deploy/data/versions.yml: "
-                   f"{image} must have been built and loaded on every host",
-                   "build the image from that branch, or use a line with a published image")]
+        return [violation("warning", ctx["name"], "image",
+                          f"vllm-ascend {row['line']} has no published image tag in pd_deploy/data/versions.yml: "
+                          f"{image} must have been built and loaded on every host",
+                          "build the image from that branch, or use a line with a published image")]
     want = row["image_tag"] + suffix
     if tag == want:
         return []
-    return [_v("error", ctx["name"], "image",
-               f"{image} is not vllm-ascend {row['line']}'s image: its published tag is {want} ({kind}; "
-               f"pd_deploy/data/versions.yml image_tag)",
-               f"set image: {OFFICIAL_IMAGE}:{want}, or vllm_ascend_version to the line of the tag you run")]
+    return [violation("error", ctx["name"], "image",
+                      f"{image} is not vllm-ascend {row['line']}'s image: its published tag is {want} ({kind}; "
+                      f"pd_deploy/data/versions.yml image_tag)",
+                      f"set image: {OFFICIAL_IMAGE}:{want}, or vllm_ascend_version to the line of the tag you run")]
 
 
 def rule_offload_bytes(ctx):
@@ -528,26 +524,26 @@ def rule_offload_bytes(ctx):
         rcfg = ctx["roles"][role]
         kind, total = rcfg.get("offload_connector"), rcfg.get("cpu_offload_bytes")
         if kind not in connectors.OFFLOAD_CONNECTORS:
-            out.append(_v("error", _where(ctx, role), f"{role}.offload_connector",
-                          f"{kind!r} is not a known offload connector",
-                          f"use one of: {', '.join(connectors.OFFLOAD_CONNECTORS)}"))
+            out.append(violation("error", _where(ctx, role), f"{role}.offload_connector",
+                                 f"{kind!r} is not a known offload connector",
+                                 f"use one of: {', '.join(connectors.OFFLOAD_CONNECTORS)}"))
             continue
         if not _is_int(total) or total < 0:
-            out.append(_v("error", _where(ctx, role), f"{role}.cpu_offload",
-                          f"{total!r} is not a size", f"set {role}.cpu_offload to a size such as 200GiB, or 0"))
+            out.append(violation("error", _where(ctx, role), f"{role}.cpu_offload",
+                                 f"{total!r} is not a size", f"set {role}.cpu_offload to a size such as 200GiB, or 0"))
             continue
         if kind != "none" and total == 0:
-            out.append(_v("error", _where(ctx, role), f"{role}.cpu_offload",
-                          f"{kind} is on but cpu_offload is 0",
-                          f"set {role}.cpu_offload (e.g. 200GiB per instance) or offload_connector: none"))
+            out.append(violation("error", _where(ctx, role), f"{role}.cpu_offload",
+                                 f"{kind} is on but cpu_offload is 0",
+                                 f"set {role}.cpu_offload (e.g. 200GiB per instance) or offload_connector: none"))
         if kind == "none" and total > 0:
-            out.append(_v("warning", _where(ctx, role), f"{role}.cpu_offload",
-                          f"cpu_offload is {sizes.to_human(total)} but offload_connector is none: nothing uses it",
-                          f"set {role}.offload_connector, or cpu_offload: 0"))
+            out.append(violation("warning", _where(ctx, role), f"{role}.cpu_offload",
+                                 f"cpu_offload is {sizes.to_human(total)} but offload_connector is none: nothing uses it",
+                                 f"set {role}.offload_connector, or cpu_offload: 0"))
         if kind == "RecomputeCPUOffloadConnector" and rcfg.get("recompute_scheduler") is not True:
-            out.append(_v("warning", _where(ctx, role), f"{role}.recompute_scheduler",
-                          "RecomputeCPUOffloadConnector only keeps the KV of requests the recompute scheduler preempts",
-                          f"set {role}.recompute_scheduler: true"))
+            out.append(violation("warning", _where(ctx, role), f"{role}.recompute_scheduler",
+                                 "RecomputeCPUOffloadConnector only keeps the KV of requests the recompute scheduler preempts",
+                                 f"set {role}.recompute_scheduler: true"))
     return out
 
 
@@ -561,13 +557,13 @@ def rule_gpu_memory_utilization(ctx):
         field = f"{role}.engine.gpu_memory_utilization"
         fix = f"set gpu_memory_utilization: {GMU_PRODUCTION} (production)"
         if not 0 < gmu <= 1:
-            out.append(_v("error", _where(ctx, role), field, f"{gmu} is outside (0, 1]", fix))
+            out.append(violation("error", _where(ctx, role), field, f"{gmu} is outside (0, 1]", fix))
         elif gmu >= GMU_ERROR:
-            out.append(_v("error", _where(ctx, role), field,
-                          f"{gmu} >= {GMU_ERROR}: no headroom for activation spikes (OOM)", fix))
+            out.append(violation("error", _where(ctx, role), field,
+                                 f"{gmu} >= {GMU_ERROR}: no headroom for activation spikes (OOM)", fix))
         elif gmu >= GMU_WARN:
-            out.append(_v("warning", _where(ctx, role), field,
-                          f"{gmu} >= {GMU_WARN}: the benchmark ceiling, tight for production", fix))
+            out.append(violation("warning", _where(ctx, role), field,
+                                 f"{gmu} >= {GMU_WARN}: the benchmark ceiling, tight for production", fix))
     return out
 
 
@@ -579,10 +575,10 @@ def rule_batched_tokens_vs_prompt(ctx):
         return []
     rec = capacity.recommend_batched_tokens(avg, tp=ctx["roles"]["prefill"]["tp"]
                                             if _is_int(ctx["roles"]["prefill"]["tp"]) else 4)
-    return [_v("warning", _where(ctx, "prefill"), "prefill.engine.max_num_batched_tokens",
-               f"{value} < 2 x average prompt ({2 * avg}): fewer than two prompts prefill per step "
-               "(symptom: 'max-num-seqs=32 but only 1 request running')",
-               f"set max_num_batched_tokens: {rec['recommended']} ({rec['rule']})")]
+    return [violation("warning", _where(ctx, "prefill"), "prefill.engine.max_num_batched_tokens",
+                      f"{value} < 2 x average prompt ({2 * avg}): fewer than two prompts prefill per step "
+                      "(symptom: 'max-num-seqs=32 but only 1 request running')",
+                      f"set max_num_batched_tokens: {rec['recommended']} ({rec['rule']})")]
 
 
 def rule_batched_tokens_danger(ctx):
@@ -600,11 +596,11 @@ def rule_batched_tokens_danger(ctx):
             continue
         error = tp <= 4 and value > capacity.DANGER_ZONE
         where_tp = f"at TP{tp}" if tp <= 4 else f"at TP{tp} (the article measured TP4; not proven safe here)"
-        out.append(_v("error" if error else "warning", _where(ctx, role), f"{role}.engine.max_num_batched_tokens",
-                      f"{value} >= {capacity.DANGER_ZONE} {where_tp}: the article's danger zone on 910B3 "
-                      "(activation memory OOM)",
-                      f"set max_num_batched_tokens: {capacity.SWEET_SPOT} (sweet spot) or at most "
-                      f"{capacity.UPPER_BOUND} (upper bound)"))
+        out.append(violation("error" if error else "warning", _where(ctx, role), f"{role}.engine.max_num_batched_tokens",
+                             f"{value} >= {capacity.DANGER_ZONE} {where_tp}: the article's danger zone on 910B3 "
+                             "(activation memory OOM)",
+                             f"set max_num_batched_tokens: {capacity.SWEET_SPOT} (sweet spot) or at most "
+                             f"{capacity.UPPER_BOUND} (upper bound)"))
     return out
 
 
@@ -618,7 +614,7 @@ def rule_weights_fit(ctx):
         except (PdError, KeyError, TypeError):
             continue  # bad engine values are rule_engine_types' to report
         for host, message, fix in problems:
-            out.append(_v("error", _where(ctx, role, host=host), "model.quantization", message, fix))
+            out.append(violation("error", _where(ctx, role, host=host), "model.quantization", message, fix))
     return out
 
 
@@ -633,13 +629,13 @@ def rule_retention_interval(ctx):
         field = f"{role}.engine.prefix_cache_retention_interval"
         want = capacity.RETENTION_BLOCKS * block
         if not _is_int(interval) or interval < 0 or interval % block:
-            out.append(_v("error", _where(ctx, role), field,
-                          f"{interval!r} is not a non-negative multiple of block_size {block}",
-                          f"set prefix_cache_retention_interval: {want} (128 x block_size)"))
+            out.append(violation("error", _where(ctx, role), field,
+                                 f"{interval!r} is not a non-negative multiple of block_size {block}",
+                                 f"set prefix_cache_retention_interval: {want} (128 x block_size)"))
         elif interval != want:
-            out.append(_v("warning", _where(ctx, role), field,
-                          f"{interval} != 128 x block_size ({want})",
-                          f"set prefix_cache_retention_interval: {want} (block 32 -> 4096, 128 -> 16384)"))
+            out.append(violation("warning", _where(ctx, role), field,
+                                 f"{interval} != 128 x block_size ({want})",
+                                 f"set prefix_cache_retention_interval: {want} (block 32 -> 4096, 128 -> 16384)"))
     return out
 
 
@@ -658,11 +654,11 @@ def rule_hybrid_kv_manager(ctx):
         elif "--disable-hybrid-kv-cache-manager" in extra:
             via = "extra_args"
         if via:
-            out.append(_v("error", _where(ctx, role), f"{role}.engine.{via}",
-                          f"the hybrid KV cache manager is disabled for {family}: KV compression stops and KV "
-                          "grows many times",
-                          "set disable_hybrid_kv_cache_manager: false and drop --disable-hybrid-kv-cache-manager "
-                          "(--no-disable-hybrid-kv-cache-manager must stay)"))
+            out.append(violation("error", _where(ctx, role), f"{role}.engine.{via}",
+                                 f"the hybrid KV cache manager is disabled for {family}: KV compression stops and KV "
+                                 "grows many times",
+                                 "set disable_hybrid_kv_cache_manager: false and drop --disable-hybrid-kv-cache-manager "
+                                 "(--no-disable-hybrid-kv-cache-manager must stay)"))
     return out
 
 
@@ -680,27 +676,27 @@ def _check_mooncake_child(ctx, where, role, inst, child):
     out = []
     field = f"{role}.kv_transfer_config.{child.get('kv_connector')}"
     if child.get("kv_role") != connectors.ROLE_KV[role]:
-        out.append(_v("error", where, f"{field}.kv_role",
-                      f"kv_role {child.get('kv_role')!r} on {role}", f"render kv_role {connectors.ROLE_KV[role]!r}"))
+        out.append(violation("error", where, f"{field}.kv_role",
+                             f"kv_role {child.get('kv_role')!r} on {role}", f"render kv_role {connectors.ROLE_KV[role]!r}"))
     if str(child.get("kv_port")) != str(inst.get("kv_port")):
-        out.append(_v("error", where, f"{field}.kv_port",
-                      f"kv_port {child.get('kv_port')!r} differs from the instance's {inst.get('kv_port')}",
-                      "render kv_port from the topology instance"))
+        out.append(violation("error", where, f"{field}.kv_port",
+                             f"kv_port {child.get('kv_port')!r} differs from the instance's {inst.get('kv_port')}",
+                             "render kv_port from the topology instance"))
     extra = child.get("kv_connector_extra_config") or {}
     for side in ROLES:
         real = _real_parallel(ctx, side)
         got = extra.get(side)
         if not isinstance(got, dict) or "dp_size" not in got or "tp_size" not in got:
-            out.append(_v("error", where, f"{field}.{side}",
-                          f"Mooncake needs {side} dp_size and tp_size, got {got!r}",
-                          f"render {side}: {real[0] if real else {'dp_size': '..', 'tp_size': '..'}}"))
+            out.append(violation("error", where, f"{field}.{side}",
+                                 f"Mooncake needs {side} dp_size and tp_size, got {got!r}",
+                                 f"render {side}: {real[0] if real else {'dp_size': '..', 'tp_size': '..'}}"))
             continue
         got = {"dp_size": got["dp_size"], "tp_size": got["tp_size"]}
         if real and (len(real) > 1 or got != real[0]):
-            out.append(_v("error", where, f"{field}.{side}",
-                          f"{side} {got} does not match the real {side} topology "
-                          f"{' / '.join(str(r) for r in real)}",
-                          f"render {side} dp_size/tp_size from the {side} role (one DP x TP shape per role)"))
+            out.append(violation("error", where, f"{field}.{side}",
+                                 f"{side} {got} does not match the real {side} topology "
+                                 f"{' / '.join(str(r) for r in real)}",
+                                 f"render {side} dp_size/tp_size from the {side} role (one DP x TP shape per role)"))
     return out
 
 
@@ -709,19 +705,19 @@ def _check_offload_child(ctx, where, role, child):
     kind = child.get("kv_connector")
     field = f"{role}.kv_transfer_config.{kind}"
     if kind == "RecomputeCPUOffloadConnector" and child.get("kv_role") != "kv_consumer":
-        out.append(_v("error", where, f"{field}.kv_role", f"kv_role {child.get('kv_role')!r}, must be kv_consumer",
-                      "render RecomputeCPUOffloadConnector with kv_role kv_consumer"))
+        out.append(violation("error", where, f"{field}.kv_role", f"kv_role {child.get('kv_role')!r}, must be kv_consumer",
+                             "render RecomputeCPUOffloadConnector with kv_role kv_consumer"))
     if kind == "OffloadingConnector":
         if child.get("kv_role") != "kv_both":
-            out.append(_v("error", where, f"{field}.kv_role", f"kv_role {child.get('kv_role')!r}, must be kv_both",
-                          "render OffloadingConnector with kv_role kv_both"))
+            out.append(violation("error", where, f"{field}.kv_role", f"kv_role {child.get('kv_role')!r}, must be kv_both",
+                                 "render OffloadingConnector with kv_role kv_both"))
         row = ctx["row"]
         extra = child.get("kv_connector_extra_config") or {}
         if row is not None and extra.get("spec_module_path") != row["offloading_spec_module_path"]:
-            out.append(_v("error", where, f"{field}.spec_module_path",
-                          f"{extra.get('spec_module_path')!r} is not where vllm-ascend {row['line']} keeps "
-                          "NPUOffloadingSpec",
-                          f"render spec_module_path {row['offloading_spec_module_path']!r} (versions.yml)"))
+            out.append(violation("error", where, f"{field}.spec_module_path",
+                                 f"{extra.get('spec_module_path')!r} is not where vllm-ascend {row['line']} keeps "
+                                 "NPUOffloadingSpec",
+                                 f"render spec_module_path {row['offloading_spec_module_path']!r} (versions.yml)"))
     return out
 
 
@@ -739,12 +735,12 @@ def _check_no_engine_id(ctx, where, role, config):
     for path, holder in [("", config)] + [(f".connectors[{i}]", c) for i, c in enumerate(_children(config))
                                              if c is not config]:
         if isinstance(holder, dict) and "engine_id" in holder:
-            out.append(_v("error", where, f"{role}.kv_transfer_config{path}.engine_id",
-                          f"engine_id {holder['engine_id']!r} is fixed: a decode caches a prefill's KV "
-                          f"addresses per engine id and never drops them ({source}), so a restarted "
-                          "or replaced process with this id is pulled from at dead addresses",
-                          "render no engine_id (pd_deploy.connectors.kv_transfer_config): the engine "
-                          "gives each process its own"))
+            out.append(violation("error", where, f"{role}.kv_transfer_config{path}.engine_id",
+                                 f"engine_id {holder['engine_id']!r} is fixed: a decode caches a prefill's KV "
+                                 f"addresses per engine id and never drops them ({source}), so a restarted "
+                                 "or replaced process with this id is pulled from at dead addresses",
+                                 "render no engine_id (pd_deploy.connectors.kv_transfer_config): the engine "
+                                 "gives each process its own"))
     return out
 
 
@@ -762,13 +758,13 @@ def rule_rendered_kv_transfer_config(ctx):
         kids = _children(config)
         moon = [c for c in kids if _is_mooncake(ctx, c)]
         if rcfg.get("mooncake") is True and not moon:
-            out.append(_v("error", where, f"{role}.kv_transfer_config",
-                          "mooncake is on but the rendered --kv-transfer-config has no Mooncake connector",
-                          "render it with pd_deploy.connectors.kv_transfer_config"))
+            out.append(violation("error", where, f"{role}.kv_transfer_config",
+                                 "mooncake is on but the rendered --kv-transfer-config has no Mooncake connector",
+                                 "render it with pd_deploy.connectors.kv_transfer_config"))
         if rcfg.get("mooncake") is not True and moon:
-            out.append(_v("error", where, f"{role}.kv_transfer_config",
-                          "mooncake is off but the rendered --kv-transfer-config has a Mooncake connector",
-                          f"set {role}.mooncake: true or drop the connector"))
+            out.append(violation("error", where, f"{role}.kv_transfer_config",
+                                 "mooncake is off but the rendered --kv-transfer-config has a Mooncake connector",
+                                 f"set {role}.mooncake: true or drop the connector"))
         out.extend(_check_no_engine_id(ctx, where, role, config))
         for child in moon:
             out.extend(_check_mooncake_child(ctx, where, role, inst, child))
@@ -782,9 +778,9 @@ def rule_prefill_tp_ge_decode_tp(ctx):
     p_tp, d_tp = ctx["roles"]["prefill"]["tp"], ctx["roles"]["decode"]["tp"]
     if not _mooncake_on(ctx) or not (_is_int(p_tp) and _is_int(d_tp)) or p_tp >= d_tp:
         return []
-    return [_v("error", _where(ctx, "prefill"), "prefill.tp",
-               f"prefill tp {p_tp} < decode tp {d_tp}: Mooncake needs prefill tp_size >= decode tp_size",
-               f"raise prefill.tp to {d_tp} or more, or lower decode.tp to {p_tp}")]
+    return [violation("error", _where(ctx, "prefill"), "prefill.tp",
+                      f"prefill tp {p_tp} < decode tp {d_tp}: Mooncake needs prefill tp_size >= decode tp_size",
+                      f"raise prefill.tp to {d_tp} or more, or lower decode.tp to {p_tp}")]
 
 
 def rule_block_sizes_divide(ctx):
@@ -795,9 +791,9 @@ def rule_block_sizes_divide(ctx):
         return []
     if p_bs % d_bs == 0 or d_bs % p_bs == 0:
         return []
-    return [_v("error", _where(ctx, "decode"), "decode.engine.block_size",
-               f"prefill block_size {p_bs} and decode block_size {d_bs} do not divide each other",
-               f"use the same block_size on both roles (e.g. {p_bs})")]
+    return [violation("error", _where(ctx, "decode"), "decode.engine.block_size",
+                      f"prefill block_size {p_bs} and decode block_size {d_bs} do not divide each other",
+                      f"use the same block_size on both roles (e.g. {p_bs})")]
 
 
 def _kv_claims(ctx):
@@ -826,10 +822,10 @@ def rule_kv_port_ranges(ctx):
     for i, (addr, lo, hi, role, index, host) in enumerate(claims):
         for o_addr, o_lo, o_hi, o_role, o_index, _ in claims[:i]:
             if addr == o_addr and _overlap(lo, hi, o_lo, o_hi) and (role, index) != (o_role, o_index):
-                out.append(_v("error", _where(ctx, role, index, host), f"{role}.kv_port",
-                              f"kv ports {lo}..{hi - 1} overlap {o_role} instance {o_index}'s {o_lo}..{o_hi - 1} "
-                              f"on {addr}",
-                              f"move {role}.kv_port to {o_hi} or above (each instance takes dp x tp ports)"))
+                out.append(violation("error", _where(ctx, role, index, host), f"{role}.kv_port",
+                                     f"kv ports {lo}..{hi - 1} overlap {o_role} instance {o_index}'s {o_lo}..{o_hi - 1} "
+                                     f"on {addr}",
+                                     f"move {role}.kv_port to {o_hi} or above (each instance takes dp x tp ports)"))
     return out
 
 
@@ -843,7 +839,7 @@ def rule_port_windows(ctx):
     try:
         return ports.check(ports.claims(ctx["cluster"], ctx["topo"], ctx["row"]))
     except PdError as exc:
-        return [_v("error", exc.where, exc.field, exc.problem, exc.fix or "see pd_deploy/data/ports.yml")]
+        return [violation("error", exc.where, exc.field, exc.problem, exc.fix or "see pd_deploy/data/ports.yml")]
 
 
 def _pinned_per_host(ctx):
@@ -863,8 +859,8 @@ def _pinned_per_host(ctx):
             try:
                 pinned[(role, name)] = model.offload_bytes(ctx["cluster"], role, host)[1]
             except PdError as exc:
-                problems.append(_v("error", _where(ctx, role, host=name), f"{role}.cpu_offload",
-                                   exc.problem, exc.fix or "use a cpu_offload that divides over the host's ranks"))
+                problems.append(violation("error", _where(ctx, role, host=name), f"{role}.cpu_offload",
+                                          exc.problem, exc.fix or "use a cpu_offload that divides over the host's ranks"))
     return pinned, problems
 
 
@@ -881,19 +877,19 @@ def rule_shm_vs_pinned(ctx):
             shm, pin = spec.get("shm_size_bytes"), spec.get("pinned_offload_bytes")
             if spec.get("role") in ROLES and _is_int(shm) and _is_int(pin) and shm < pin:
                 role = spec["role"]
-                out.append(_v("error", _where(ctx, role, spec.get("instance"), spec.get("host")),
-                              f"{role}.shm_size",
-                              f"shm {sizes.to_human(shm)} < {sizes.to_human(pin)} of pinned offload in "
-                              f"{spec.get('name')}: the pinned allocation fails",
-                              _shm_fix(role, pin)))
+                out.append(violation("error", _where(ctx, role, spec.get("instance"), spec.get("host")),
+                                     f"{role}.shm_size",
+                                     f"shm {sizes.to_human(shm)} < {sizes.to_human(pin)} of pinned offload in "
+                                     f"{spec.get('name')}: the pinned allocation fails",
+                                     _shm_fix(role, pin)))
         return _dedupe(out)
     for (role, host), pin in pinned.items():
         shm = ctx["roles"][role].get("shm_size_bytes")
         if _is_int(shm) and shm < pin:
-            out.append(_v("error", _where(ctx, role, host=host), f"{role}.shm_size",
-                          f"shm {sizes.to_human(shm)} < {sizes.to_human(pin)} of pinned offload per container: "
-                          "the pinned allocation fails",
-                          _shm_fix(role, pin)))
+            out.append(violation("error", _where(ctx, role, host=host), f"{role}.shm_size",
+                                 f"shm {sizes.to_human(shm)} < {sizes.to_human(pin)} of pinned offload per container: "
+                                 "the pinned allocation fails",
+                                 _shm_fix(role, pin)))
     return out
 
 
@@ -930,20 +926,20 @@ def rule_host_ram(ctx):
         guidance = capacity.ram_guidance(offload)
         if offload and offload + reserve <= ram < guidance:
             role = roles[0] if len(roles) == 1 else None
-            out.append(_v("warning", _where(ctx, role, host=name), "pd_host_ram",
-                          f"{what} RAM {sizes.to_human(ram)} is below the article's guidance for "
-                          f"{sizes.to_human(offload)} of CPU offload: {sizes.to_human(guidance)} (offload + 312GiB "
-                          "for the system and vLLM, from its 200 GB offload -> >= 512 GB RAM)",
-                          f"use a machine with >= {sizes.to_human(guidance)} of RAM, or lower cpu_offload to "
-                          f"{sizes.to_human(max(0, ram - (guidance - offload)))} on this {what.split()[0]}"))
+            out.append(violation("warning", _where(ctx, role, host=name), "pd_host_ram",
+                                 f"{what} RAM {sizes.to_human(ram)} is below the article's guidance for "
+                                 f"{sizes.to_human(offload)} of CPU offload: {sizes.to_human(guidance)} (offload + 312GiB "
+                                 "for the system and vLLM, from its 200 GB offload -> >= 512 GB RAM)",
+                                 f"use a machine with >= {sizes.to_human(guidance)} of RAM, or lower cpu_offload to "
+                                 f"{sizes.to_human(max(0, ram - (guidance - offload)))} on this {what.split()[0]}"))
         if offload and ram < offload + reserve:
             role = roles[0] if len(roles) == 1 else None
-            out.append(_v("error", _where(ctx, role, host=name), f"{role or '/'.join(roles)}.cpu_offload",
-                          f"{what} RAM {sizes.to_human(ram)} < {sizes.to_human(offload)} pinned offload + "
-                          f"{sizes.to_human(reserve)} reserve for the system and the engines",
-                          f"lower cpu_offload to at most {sizes.to_human(max(0, ram - reserve))} on this "
-                          f"{what.split()[0]}, or use a machine with more RAM (the article pairs 200 GB offload "
-                          "with >= 512 GB RAM)"))
+            out.append(violation("error", _where(ctx, role, host=name), f"{role or '/'.join(roles)}.cpu_offload",
+                                 f"{what} RAM {sizes.to_human(ram)} < {sizes.to_human(offload)} pinned offload + "
+                                 f"{sizes.to_human(reserve)} reserve for the system and the engines",
+                                 f"lower cpu_offload to at most {sizes.to_human(max(0, ram - reserve))} on this "
+                                 f"{what.split()[0]}, or use a machine with more RAM (the article pairs 200 GB offload "
+                                 "with >= 512 GB RAM)"))
     return out
 
 
@@ -958,10 +954,10 @@ def rule_max_model_len(ctx):
     for role in ROLES:
         value = ctx["roles"][role]["engine"].get("max_model_len")
         if _is_int(value) and value < need:
-            out.append(_v("error", _where(ctx, role), f"{role}.engine.max_model_len",
-                          f"{value} < p99 prompt + p99 output ({prompt} + {output} = {need}): requests at the p99 "
-                          "are refused",
-                          f"set max_model_len: {need} (the business P99, not the model maximum)"))
+            out.append(violation("error", _where(ctx, role), f"{role}.engine.max_model_len",
+                                 f"{value} < p99 prompt + p99 output ({prompt} + {output} = {need}): requests at the p99 "
+                                 "are refused",
+                                 f"set max_model_len: {need} (the business P99, not the model maximum)"))
     return out
 
 
@@ -988,9 +984,9 @@ def rule_partial_prefills(ctx):
                 level = "warning"
                 message = (f"{value} > {limit}: vllm-ascend {row['line']} resets it to 1 with a warning, "
                            "so the setting is a no-op on Ascend")
-            out.append(_v(level, _where(ctx, role), f"{role}.engine.{key}", message,
-                          f"set {key}: {limit}; for short prompts stuck behind long ones lower "
-                          "long_prefill_token_threshold / max_num_batched_tokens instead"))
+            out.append(violation(level, _where(ctx, role), f"{role}.engine.{key}", message,
+                                 f"set {key}: {limit}; for short prompts stuck behind long ones lower "
+                                 "long_prefill_token_threshold / max_num_batched_tokens instead"))
     return out
 
 
@@ -1001,9 +997,9 @@ def rule_topology_fit(ctx):
         rcfg = ctx["roles"][role]
         tp, dp, count = rcfg["tp"], rcfg["dp"], rcfg["instances"]
         if not all(_is_int(x) and x >= 1 for x in (tp, dp, count)):
-            out.append(_v("error", _where(ctx, role), f"{role}.tp",
-                          f"instances/dp/tp {count!r}/{dp!r}/{tp!r} are not whole numbers >= 1",
-                          "set instances, dp and tp to whole numbers >= 1"))
+            out.append(violation("error", _where(ctx, role), f"{role}.tp",
+                                 f"instances/dp/tp {count!r}/{dp!r}/{tp!r} are not whole numbers >= 1",
+                                 "set instances, dp and tp to whole numbers >= 1"))
             continue
         hosts = _role_hosts(ctx, role)
         slots = 0
@@ -1012,16 +1008,16 @@ def rule_topology_fit(ctx):
             if not _is_int(npus):
                 continue
             if npus % tp:
-                out.append(_v("error", _where(ctx, role, host=host.get("name")), f"{role}.tp",
-                              f"tp {tp} does not divide the host's {npus} NPUs",
-                              "choose tp that divides pd_npus (4 or 8 on an 8-NPU host)"))
+                out.append(violation("error", _where(ctx, role, host=host.get("name")), f"{role}.tp",
+                                     f"tp {tp} does not divide the host's {npus} NPUs",
+                                     "choose tp that divides pd_npus (4 or 8 on an 8-NPU host)"))
             slots += npus // tp
         if count * dp > slots:
             names = ", ".join(str(h.get("name")) for h in hosts) or "none"
-            out.append(_v("error", _where(ctx, role), f"{role}.instances",
-                          f"{count} instance(s) of DP{dp} x TP{tp} need {count * dp * tp} NPUs but the {role} hosts "
-                          f"({names}) have {slots * tp} usable",
-                          f"add hosts to the '{role}' group or lower {role}.instances / dp"))
+            out.append(violation("error", _where(ctx, role), f"{role}.instances",
+                                 f"{count} instance(s) of DP{dp} x TP{tp} need {count * dp * tp} NPUs but the {role} hosts "
+                                 f"({names}) have {slots * tp} usable",
+                                 f"add hosts to the '{role}' group or lower {role}.instances / dp"))
     return out
 
 
@@ -1057,14 +1053,14 @@ def rule_ports_unique(ctx):
     for i, (addr, port, label, field, where) in enumerate(claims):
         for o_addr, o_port, o_label, _, _ in claims[:i]:
             if addr == o_addr and port == o_port:
-                out.append(_v("error", where, field, f"port {port} of {label} is also used by {o_label} on {addr}",
-                              "give each role distinct port_base / dp_rpc_port ranges and the proxy its own port"))
+                out.append(violation("error", where, field, f"port {port} of {label} is also used by {o_label} on {addr}",
+                                     "give each role distinct port_base / dp_rpc_port ranges and the proxy its own port"))
         for k_addr, lo, hi, k_role, k_index, _ in _kv_claims(ctx):
             if addr == k_addr and lo <= port < hi:
-                out.append(_v("error", where, field,
-                              f"port {port} of {label} lies in {k_role} instance {k_index}'s kv ports "
-                              f"{lo}..{hi - 1} on {addr}",
-                              "move port_base / dp_rpc_port / proxy.port away from the kv_port ranges"))
+                out.append(violation("error", where, field,
+                                     f"port {port} of {label} lies in {k_role} instance {k_index}'s kv ports "
+                                     f"{lo}..{hi - 1} on {addr}",
+                                     "move port_base / dp_rpc_port / proxy.port away from the kv_port ranges"))
     return out
 
 
@@ -1086,12 +1082,12 @@ def rule_drain_timing(ctx):
         interval, shown = PROXY_WAITING_RETRY_DEFAULT_S, f"null (the proxy's default {PROXY_WAITING_RETRY_DEFAULT_S} s)"
     if not _is_number(drain) or not _is_number(interval) or drain <= 0 or interval < drain:
         return []
-    return [_v("warning", ctx["name"], "proxy.waiting_retry_interval",
-               f"{shown} is not shorter than proxy.drain_timeout_s {drain}: the proxy looks at added and removed "
-               "ranks once per interval, so every drain of a rolling update ends on its timeout, not when the "
-               "rank is drained or listed again",
-               f"set proxy.waiting_retry_interval well below drain_timeout_s (e.g. {max(1, drain // 6)}) or raise "
-               "proxy.drain_timeout_s")]
+    return [violation("warning", ctx["name"], "proxy.waiting_retry_interval",
+                      f"{shown} is not shorter than proxy.drain_timeout_s {drain}: the proxy looks at added and removed "
+                      "ranks once per interval, so every drain of a rolling update ends on its timeout, not when the "
+                      "rank is drained or listed again",
+                      f"set proxy.waiting_retry_interval well below drain_timeout_s (e.g. {max(1, drain // 6)}) or raise "
+                      "proxy.drain_timeout_s")]
 
 
 RULES = (
