@@ -23,7 +23,7 @@ from pd_deploy.ops import logparse  # noqa: E402
 from pd_deploy.plan import capacity, connectors, fleet, versions  # noqa: E402
 from pd_deploy.plan.fleet import HOST_VARS  # noqa: E402
 from pd_deploy.report import summary as report  # noqa: E402
-from pd_deploy.rollout import containers, failures  # noqa: E402
+from pd_deploy.rollout import containers, failures, order  # noqa: E402
 from pd_deploy.shared import sizes  # noqa: E402
 from pd_deploy.validate import rules, secrets  # noqa: E402
 from pd_deploy.validate.inventory import HOST_PATH_VARS  # noqa: E402
@@ -134,7 +134,7 @@ class FilterModule:
 
     def filters(self):
         out = {}
-        for module in (sizes, capacity, logparse, versions, connectors, rules, fleet, containers, report,
+        for module in (sizes, capacity, logparse, versions, connectors, rules, fleet, order, containers, report,
                        prechecks, ops, secrets, netchecks, failures, compat):
             out.update(module.FILTERS)
         out["pd_fleet_input"] = fleet_input

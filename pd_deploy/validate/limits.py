@@ -4,7 +4,7 @@ An absurd value would otherwise surface only through what follows from it: an as
 decode ``max_num_seqs`` derives ``max_num_batched_tokens`` = seqs x (1 + draft tokens), which the
 danger-zone rule then blamed on a key the operator never wrote, and the weights rule printed a
 runtime reserve of millions of EiB. ``cluster_violations`` checks each such value against the limit it
-really has, names the operator's field and gives a limit that can be true; ``pd_deploy/fleet.py``
+really has, names the operator's field and gives a limit that can be true; ``pd_deploy/plan/fleet.py``
 stops the cluster there, so no rule repeats it in other words.
 
 - ``engine.max_model_len`` above the model's context (``pd_deploy/data/models.yml`` ``max_model_len``

@@ -12,14 +12,14 @@ from pd_deploy.hostcheck import compat, netchecks, prechecks
 from pd_deploy.ops import logparse
 from pd_deploy.plan import capacity, connectors, fleet, versions
 from pd_deploy.report import summary as report
-from pd_deploy.rollout import containers, failures
+from pd_deploy.rollout import containers, failures, order
 from pd_deploy.shared import sizes
 from pd_deploy.validate import rules, secrets
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PLUGIN_DIR = os.path.join(REPO, "filter_plugins")
 # ops is registered as one mapping; its steps are listed one by one so a name two steps claim is caught
-MODULES = (sizes, capacity, logparse, versions, connectors, rules, fleet, containers, report, prechecks, secrets,
+MODULES = (sizes, capacity, logparse, versions, connectors, rules, fleet, order, containers, report, prechecks, secrets,
            *ops.STEPS, netchecks, failures, compat)
 GIB = 1024 ** 3
 
