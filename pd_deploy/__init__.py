@@ -6,8 +6,9 @@ tested directly and reused by the playbooks through ``filter_plugins/pd.py``.
 Grouped by the stage of the pipeline that uses it:
 
 - ``shared``: errors, the package data files (``data/``, ``../schemas``), text and size helpers;
-- ``plan``: the inventory shape check (``shape``), cluster normalization and launch specs
-  (``model``), connectors, versions, capacity, ports and the fleet plan (``fleet.plan_fleet``);
+- ``plan``: the inventory shape check (``shape``), cluster normalization and topology (``model``),
+  launch specs (``launch``), connectors, versions, capacity, ports and the fleet plan
+  (``fleet.plan_fleet``);
 - ``validate``: what the plan refuses or warns about: rules (one module per domain), limits,
   guards, inventory, secrets,
   every problem one ``violation.Violation`` dict (the plan's own topology problems too);

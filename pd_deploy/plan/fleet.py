@@ -11,7 +11,7 @@ from ..shared import sizes, text
 from ..shared.errors import PdError
 from ..validate import guards, inventory, limits, rules, secrets
 from ..validate.violation import violation
-from . import capacity, model, ports, versions
+from . import capacity, launch, model, ports, versions
 from .shape import shape_violations
 
 HOST_VARS = inventory.HOST_FACTS
@@ -267,7 +267,7 @@ def _plan_cluster(name, raw, hosts, result, complete=True):
     if rules.has_errors(problems):
         return
     try:
-        specs = [model.rank_spec(cluster, inst, rank, topo["hosts"][rank["host"]])
+        specs = [launch.rank_spec(cluster, inst, rank, topo["hosts"][rank["host"]])
                  for inst in topo["instances"] for rank in inst["ranks"]]
     except PdError:
         # a value the builders cannot render: the rules (rendering on their own) name it as the
@@ -278,9 +278,9 @@ def _plan_cluster(name, raw, hosts, result, complete=True):
         violations.extend(found)
         return
     violations.extend(rules.check_cluster(cluster, topo, specs))
-    proxy = model.proxy_spec(cluster, topo)
+    proxy = launch.proxy_spec(cluster, topo)
     for spec in specs + [proxy]:  # README "Secrets": the key as a redaction, the real value at docker run
-        secrets.protect(spec, key_redaction, model.spec_hash)
+        secrets.protect(spec, key_redaction, launch.spec_hash)
     violations.extend(idle_host_violations(name, topo, proxy))
     result["capacity"] = capacity_summary(cluster, topo, specs)
     result["specs"] = specs
@@ -411,7 +411,7 @@ def once(violations, host_names=()):
 
 def proxy_instances(specs, address_of):
     """{role: [{instance, ranks: [{name, host, key}]}]}: each instance's ranks as its proxy lists them
-    (key = the host's address:the rank's HTTP port, as model.proxy_spec writes --*-hosts/--*-ports)."""
+    (key = the host's address:the rank's HTTP port, as launch.proxy_spec writes --*-hosts/--*-ports)."""
     out = {}
     for spec in specs:
         insts = out.setdefault(spec["role"], [])

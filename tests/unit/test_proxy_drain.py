@@ -411,10 +411,10 @@ def _proxy_through_its_command(spec, tmp_path, args_file, port):
     import subprocess
     import sys
     from tests.fixtures.standin_procs import PROXY, Server
-    from pd_deploy.plan import model
+    from pd_deploy.plan import launch
     cmd = list(spec["command"])
-    assert cmd[:2] == ["/bin/sh", "-c"] and cmd[2] == model.PROXY_SHELL
-    cmd[2] = cmd[2].replace(model.PROXY_BACKENDS_FILE, str(args_file)).replace("python3", sys.executable)
+    assert cmd[:2] == ["/bin/sh", "-c"] and cmd[2] == launch.PROXY_SHELL
+    cmd[2] = cmd[2].replace(launch.PROXY_BACKENDS_FILE, str(args_file)).replace("python3", sys.executable)
     cmd[3] = str(PROXY)
     cmd[cmd.index("--port") + 1] = str(port)
     cmd[cmd.index("--host") + 1] = "127.0.0.1"
@@ -427,12 +427,12 @@ def _proxy_through_its_command(spec, tmp_path, args_file, port):
 
 
 def test_a_restarted_proxy_serves_the_backends_file_not_its_launch_time_lists(tmp_path):
-    from pd_deploy.plan import model
+    from pd_deploy.plan import launch
     from tests.fixtures.standin_procs import free_port
-    launch = {"prefill": [{"address": "127.0.0.1", "port": 8100}], "decode": [{"address": "127.0.0.1", "port": 8200}]}
-    plan = {"prefill": launch["prefill"], "decode": launch["decode"] + [{"address": "127.0.0.1", "port": 8201}]}
-    spec = {"command": ["/bin/sh", "-c", model.PROXY_SHELL, "script.py", "--host", "0.0.0.0", "--port", "1",
-                        *model.backends_args(launch).split(), "--max-retries", "3"]}
+    at_launch = {"prefill": [{"address": "127.0.0.1", "port": 8100}], "decode": [{"address": "127.0.0.1", "port": 8200}]}
+    plan = {"prefill": at_launch["prefill"], "decode": at_launch["decode"] + [{"address": "127.0.0.1", "port": 8201}]}
+    spec = {"command": ["/bin/sh", "-c", launch.PROXY_SHELL, "script.py", "--host", "0.0.0.0", "--port", "1",
+                        *launch.backends_args(at_launch).split(), "--max-retries", "3"]}
     args_file = tmp_path / "backends.args"
     # no file yet (a proxy just created): its launch-time lists
     first = _proxy_through_its_command(spec, tmp_path, args_file, free_port())
@@ -441,7 +441,7 @@ def test_a_restarted_proxy_serves_the_backends_file_not_its_launch_time_lists(tm
     finally:
         first.stop()
     # the deploy wrote the plan after a scale-out; Docker restarts the proxy: it serves the plan
-    args_file.write_text(model.backends_args(plan))
+    args_file.write_text(launch.backends_args(plan))
     again = _proxy_through_its_command(spec, tmp_path, args_file, free_port())
     try:
         assert pd_drain.listed_instances(again.url) == {"prefill": ["127.0.0.1:8100"],
