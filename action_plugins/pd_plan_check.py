@@ -5,7 +5,7 @@ the files, show the capacity), each a worker process and about 0.2 s even when i
 re-run paid them all. This does the same in-process, in the same order, with the same texts:
 
 1. an inventory that cannot be planned (no cluster; the embedded demo inventory where containers
-   would start) fails first, before anything is written (``pd_deploy.report.inventory_problem``);
+   would start) fails first, before anything is written (``pd_deploy.report.summary.inventory_problem``);
    deploy-pd.yml's rollout batch size (pd_cluster_batch) is refused after step 3, before step 4;
 2. the inventory's name (``inventory_note``) comes with every other result;
 3. a plan that breaks a rule fails, nothing written: its msg the counts (Ansible 2.19 prints a failed
@@ -35,7 +35,8 @@ for _root in (os.path.dirname(_HERE), os.path.dirname(os.path.dirname(_HERE))):
             sys.path.insert(0, _root)
         break
 
-from pd_deploy import fleet, report  # noqa: E402
+from pd_deploy.report import summary as report  # noqa: E402
+from pd_deploy.rollout import order  # noqa: E402
 
 display = Display()
 _VALID = frozenset(("plan", "inventory", "cluster_hosts", "demo", "refuse_demo", "build_dir", "render_specs",
@@ -71,7 +72,7 @@ def check(plan, inventory, cluster_hosts, demo=False, refuse_demo=False, build_d
         # the counts as msg (Ansible prints a failed task's msg twice), every violation once below it
         return {"failed": True, "inventory": note, "msg": report.plan_failure_message(plan),
                 "violations": report.plan_report(plan)}
-    batch = "" if cluster_batch is None else fleet.cluster_batch_problem(cluster_batch, parallel_clusters)
+    batch = "" if cluster_batch is None else order.cluster_batch_problem(cluster_batch, parallel_clusters)
     if batch:
         return {"failed": True, "inventory": note, "msg": batch}
     result = {"changed": False, "inventory": note, "written": 0, "removed": []}

@@ -17,11 +17,16 @@ _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if _REPO not in sys.path:
     sys.path.insert(0, _REPO)
 
-from pd_deploy import (  # noqa: E402
-    capacity, compat, connectors, containers, failures, fleet, logparse, netchecks, ops, prechecks, report, rules,
-    secrets, sizes, versions)
-from pd_deploy.fleet import HOST_VARS  # noqa: E402
-from pd_deploy.inventory import HOST_PATH_VARS  # noqa: E402
+from pd_deploy import ops  # noqa: E402
+from pd_deploy.hostcheck import compat, netchecks, prechecks  # noqa: E402
+from pd_deploy.ops import logparse  # noqa: E402
+from pd_deploy.plan import capacity, connectors, fleet, versions  # noqa: E402
+from pd_deploy.plan.fleet import HOST_VARS  # noqa: E402
+from pd_deploy.report import summary as report  # noqa: E402
+from pd_deploy.rollout import containers, failures, order  # noqa: E402
+from pd_deploy.shared import sizes  # noqa: E402
+from pd_deploy.validate import rules, secrets  # noqa: E402
+from pd_deploy.validate.inventory import HOST_PATH_VARS  # noqa: E402
 
 _READ = ("pd_cluster", "ansible_host", "pd_allow_idle_hosts") + HOST_VARS + HOST_PATH_VARS
 
@@ -129,7 +134,7 @@ class FilterModule:
 
     def filters(self):
         out = {}
-        for module in (sizes, capacity, logparse, versions, connectors, rules, fleet, containers, report,
+        for module in (sizes, capacity, logparse, versions, connectors, rules, fleet, order, containers, report,
                        prechecks, ops, secrets, netchecks, failures, compat):
             out.update(module.FILTERS)
         out["pd_fleet_input"] = fleet_input

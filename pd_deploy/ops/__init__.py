@@ -13,12 +13,13 @@ One module per step, each the plain functions behind the ``pd_*`` filters that
 - ``baseline``: ``baseline_report`` fits bare-engine start-up logs at two max-model-len values;
 - ``capacity_report``: ``capacity_report`` and ``capacity_chart_svg``;
 - ``monitoring``: ``prometheus_scrape_config`` and ``grafana_dashboard``;
-- ``common``: what the steps share (model family bands, the normalized cluster).
+- ``common``: what the steps share (model family bands, the normalized cluster);
+- ``logparse``: vLLM's start-up KV cache lines read into bytes per token (the baseline step, the logparse filters).
 
 Nothing here talks to a host; no module level mutable state. Bad input raises ``PdError``.
 """
 
-from pd_deploy.ops import baseline, capacity_report, common, diagnosis, gate, metrics, monitoring, tuning
+from . import baseline, capacity_report, common, diagnosis, gate, metrics, monitoring, tuning
 
 #: The workflow's modules in the operator's order; each has its own FILTERS.
 STEPS = (common, metrics, diagnosis, gate, tuning, baseline, capacity_report, monitoring)

@@ -4,11 +4,12 @@ fitted back to a per-request footprint (``baseline_report``) and judged against 
 import copy
 from collections.abc import Mapping
 
-from pd_deploy import logparse, model, sizes
-from pd_deploy.containers import clean_log, log_tail
-from pd_deploy.errors import PdError
-from pd_deploy.ops import common
-from pd_deploy.ops.common import DEFAULT_FAMILY, model_band, p99_request_len
+from ..plan import model
+from ..rollout.containers import clean_log, log_tail
+from ..shared import sizes
+from ..shared.errors import PdError
+from . import common, logparse
+from .common import DEFAULT_FAMILY, model_band, p99_request_len
 
 _DROP_FLAGS = ("--kv-transfer-config", "--additional-config")
 
@@ -153,59 +154,9 @@ def baseline_report(boots, band=None, family=None, config=None):
     cluster = common.normalized(config, where) if config is not None else None
     fam = family or ((cluster or {}).get("model") or {}).get("family")
     band = model_band(fam, band)
-    rows = []
-    for index, boot in enumerate(boots):
-        length, parsed = _boot(boot, index, where)
-        rows.append({
-            "name": boot.get("name"), "role": boot.get("role"), "max_model_len": length,
-            "available_bytes": parsed["available_bytes"], "kv_tokens_per_dp_group": parsed["tokens"],
-            "max_concurrency": parsed["max_concurrency"], "workers": parsed["workers"],
-            "bytes_per_token": parsed["bytes_per_token"], "per_request_bytes": parsed["per_request_bytes"],
-            "startup_reservation_bytes": round(length * parsed["bytes_per_token"]),
-            "judge": _judge_with_cause(parsed["bytes_per_token"], band),
-        })
-    fits = {}
-    for role in sorted({r["role"] or "all" for r in rows}):
-        mine = [r for r in rows if (r["role"] or "all") == role]
-        lengths = sorted({r["max_model_len"] for r in mine})
-        entry = {"lengths": lengths}
-        if len(lengths) < 2:
-            entry["fit"] = None
-            entry["note"] = "one max-model-len only: boot again at a second length for the two-point fit"
-            fits[role] = entry
-            continue
-        worst = {L: max((r for r in mine if r["max_model_len"] == L), key=lambda r: r["per_request_bytes"])
-                 for L in (lengths[0], lengths[-1])}
-        fit = logparse.two_point_fit(*worst.values())
-        entry["fit"] = fit
-        entry["judge"] = _judge_with_cause(fit["marginal_bytes_per_token"], band)
-        available = min(r["available_bytes"] for r in mine if r["max_model_len"] == lengths[-1])
-        entry["available_bytes_per_worker"] = available
-        entry["kv_tokens_marginal_only"] = int(available // max(fit["marginal_bytes_per_token"], 1e-9))
-        if len(lengths) > 2:
-            entry["note"] = f"fitted through {lengths[0]} and {lengths[-1]}; middle lengths not used"
-        targets = {}
-        if cluster is not None:
-            rname = role if role in model.ROLES else "decode"
-            targets["configured max_model_len"] = cluster["roles"][rname]["engine"]["max_model_len"]
-            targets["P99 request (prompt + output)"] = p99_request_len(cluster)
-            targets["average prompt"] = cluster["workload"]["avg_prompt_tokens"]
-        else:
-            targets["longest boot"] = lengths[-1]
-        ratio_at = {r["max_model_len"]: r["bytes_per_token"] for r in mine}
-        requests = []
-        for label, length in targets.items():
-            nearest = min(ratio_at, key=lambda L: abs(L - length))
-            true = logparse.footprint_at(fit, length)
-            article = round(length * ratio_at[nearest])
-            requests.append({
-                "what": label, "tokens": length, "true_bytes": true,
-                "article_estimate_bytes": article, "single_ratio_from_boot_at": nearest,
-                "requests_per_worker": int(available // true) if true else None,
-                "tokens_per_worker": int(available // true) * length if true else None,
-            })
-        entry["requests"] = requests
-        fits[role] = entry
+    rows = [_boot_row(boot, index, where, band) for index, boot in enumerate(boots)]
+    fits = {role: _role_fit([r for r in rows if (r["role"] or "all") == role], band, cluster, role)
+            for role in sorted({r["role"] or "all" for r in rows})}
     judged = [f["judge"] for f in fits.values() if f.get("judge")] or [r["judge"] for r in rows]
     order = ("far_high", "high", "low", "ok")
     worst = min(judged, key=lambda j: order.index(j["verdict"]))
@@ -214,6 +165,66 @@ def baseline_report(boots, band=None, family=None, config=None):
     return {"boots": rows, "fits": fits, "band": band, "family": fam or DEFAULT_FAMILY,
             "verdict": {"verdict": worst["verdict"], "basis": basis, "message": worst["message"],
                         "likely_cause": worst["likely_cause"]}}
+
+
+def _boot_row(boot, index, where, band):
+    """One boot's figures: the article's single ratio, KV tokens, footprint, start-up reservation."""
+    length, parsed = _boot(boot, index, where)
+    return {
+        "name": boot.get("name"), "role": boot.get("role"), "max_model_len": length,
+        "available_bytes": parsed["available_bytes"], "kv_tokens_per_dp_group": parsed["tokens"],
+        "max_concurrency": parsed["max_concurrency"], "workers": parsed["workers"],
+        "bytes_per_token": parsed["bytes_per_token"], "per_request_bytes": parsed["per_request_bytes"],
+        "startup_reservation_bytes": round(length * parsed["bytes_per_token"]),
+        "judge": _judge_with_cause(parsed["bytes_per_token"], band),
+    }
+
+
+def _role_fit(mine, band, cluster, role):
+    """The two-point fit of one role's boots (``mine``), judged, and what fits at the target lengths."""
+    lengths = sorted({r["max_model_len"] for r in mine})
+    entry = {"lengths": lengths}
+    if len(lengths) < 2:
+        entry["fit"] = None
+        entry["note"] = "one max-model-len only: boot again at a second length for the two-point fit"
+        return entry
+    worst = {L: max((r for r in mine if r["max_model_len"] == L), key=lambda r: r["per_request_bytes"])
+             for L in (lengths[0], lengths[-1])}
+    fit = logparse.two_point_fit(*worst.values())
+    entry["fit"] = fit
+    entry["judge"] = _judge_with_cause(fit["marginal_bytes_per_token"], band)
+    available = min(r["available_bytes"] for r in mine if r["max_model_len"] == lengths[-1])
+    entry["available_bytes_per_worker"] = available
+    entry["kv_tokens_marginal_only"] = int(available // max(fit["marginal_bytes_per_token"], 1e-9))
+    if len(lengths) > 2:
+        entry["note"] = f"fitted through {lengths[0]} and {lengths[-1]}; middle lengths not used"
+    ratio_at = {r["max_model_len"]: r["bytes_per_token"] for r in mine}
+    entry["requests"] = [_fit_at(fit, ratio_at, available, label, length)
+                         for label, length in _target_lengths(cluster, role, lengths).items()]
+    return entry
+
+
+def _target_lengths(cluster, role, lengths):
+    """{label: tokens} the fit is read at: the cluster's lengths, else the longest boot."""
+    if cluster is None:
+        return {"longest boot": lengths[-1]}
+    rname = role if role in model.ROLES else "decode"
+    return {"configured max_model_len": cluster["roles"][rname]["engine"]["max_model_len"],
+            "P99 request (prompt + output)": p99_request_len(cluster),
+            "average prompt": cluster["workload"]["avg_prompt_tokens"]}
+
+
+def _fit_at(fit, ratio_at, available, label, length):
+    """The true footprint at ``length`` against the article's estimate, and what fits one worker."""
+    nearest = min(ratio_at, key=lambda L: abs(L - length))
+    true = logparse.footprint_at(fit, length)
+    article = round(length * ratio_at[nearest])
+    return {
+        "what": label, "tokens": length, "true_bytes": true,
+        "article_estimate_bytes": article, "single_ratio_from_boot_at": nearest,
+        "requests_per_worker": int(available // true) if true else None,
+        "tokens_per_worker": int(available // true) * length if true else None,
+    }
 
 
 def baseline_markdown(report, cluster_name=None, versions=None):

@@ -6,10 +6,10 @@ import os
 from collections.abc import Mapping
 from xml.sax.saxutils import escape
 
-from pd_deploy import capacity, model
-from pd_deploy.errors import PdError
-from pd_deploy.ops import common
-from pd_deploy.ops.common import model_estimate
+from ..plan import capacity, model
+from ..shared.errors import PdError
+from . import common
+from .common import model_estimate
 
 GIB = 1024 ** 3
 
@@ -84,32 +84,8 @@ def capacity_report(summary, baseline=None, config=None):
             "ram_headroom_bytes": dict(cap["ram_headroom_bytes"]),
             "min_ram_headroom_bytes": min(cap["ram_headroom_bytes"].values()) if cap["ram_headroom_bytes"] else None,
         }
-        notes = []
-        if role == "prefill":
-            avg = work["avg_prompt_tokens"]
-            rec = capacity.recommend_batched_tokens(avg, tp=cap["tp"])
-            configured = capacity.expected_p_concurrency(cap["max_num_seqs_per_dp_group"], cap["dp"],
-                                                         cap["max_num_batched_tokens"], avg)
-            recommended = capacity.expected_p_concurrency(cap["max_num_seqs_per_dp_group"], cap["dp"],
-                                                          rec["recommended"], avg)
-            entry["expected_concurrency"] = {"configured": configured, "recommended": recommended,
-                                             "recommended_batched_tokens": rec}
-            if configured["level"] != "ok":
-                notes.append(f"warning: {configured['message']}")
-        else:
-            seqs = cap["max_num_seqs_per_dp_group"]
-            need_group = seqs * footprint * cap["tp"]
-            entry["memory_at_configured_concurrency"] = {
-                "per_dp_group_bytes": int(round(need_group)),
-                "per_instance_bytes": int(round(need_group * cap["dp"])),
-                "budget_per_instance_bytes": cap["kv_budget_per_dp_group_bytes"] * cap["dp"],
-                "share_of_budget": need_group / cap["kv_budget_per_dp_group_bytes"],
-                "max_num_seqs_that_fit": fit_requests,
-            }
-            if seqs > fit_requests:
-                notes.append(f"warning: max_num_seqs {seqs} per DP group x a P99 request ({length} tokens) needs "
-                             f"{common.human(need_group)} of {common.human(cap['kv_budget_per_dp_group_bytes'])}: expect preemptions at "
-                             f"full load; {fit_requests} fit (or add decode offload / lower max_model_len)")
+        notes = (_prefill_concurrency(entry, cap, work) if role == "prefill"
+                 else _decode_memory(entry, cap, footprint, fit_requests, length))
         if not measured:
             notes.append("estimate: the fixed per-request KV cost is unknown until playbooks/baseline.yml measures it")
         entry["notes"] = notes
@@ -196,6 +172,39 @@ def capacity_chart_svg(report):
         parts.append(f'<text x="{left + length + 6:.1f}" y="{y + bar_h * 0.7:.1f}">{value / GIB:.1f}</text>')
     parts.append("</svg>")
     return "\n".join(parts) + "\n"
+
+
+def _prefill_concurrency(entry, cap, work):
+    """P: expected concurrency at the configured and the recommended max-num-batched-tokens (into
+    ``entry``); returns the notes."""
+    avg = work["avg_prompt_tokens"]
+    rec = capacity.recommend_batched_tokens(avg, tp=cap["tp"])
+    configured = capacity.expected_p_concurrency(cap["max_num_seqs_per_dp_group"], cap["dp"],
+                                                 cap["max_num_batched_tokens"], avg)
+    recommended = capacity.expected_p_concurrency(cap["max_num_seqs_per_dp_group"], cap["dp"],
+                                                  rec["recommended"], avg)
+    entry["expected_concurrency"] = {"configured": configured, "recommended": recommended,
+                                     "recommended_batched_tokens": rec}
+    return [f"warning: {configured['message']}"] if configured["level"] != "ok" else []
+
+
+def _decode_memory(entry, cap, footprint, fit_requests, length):
+    """D: KV memory at the configured concurrency against the budget (into ``entry``); returns the
+    notes."""
+    seqs = cap["max_num_seqs_per_dp_group"]
+    need_group = seqs * footprint * cap["tp"]
+    entry["memory_at_configured_concurrency"] = {
+        "per_dp_group_bytes": int(round(need_group)),
+        "per_instance_bytes": int(round(need_group * cap["dp"])),
+        "budget_per_instance_bytes": cap["kv_budget_per_dp_group_bytes"] * cap["dp"],
+        "share_of_budget": need_group / cap["kv_budget_per_dp_group_bytes"],
+        "max_num_seqs_that_fit": fit_requests,
+    }
+    if seqs > fit_requests:
+        return [f"warning: max_num_seqs {seqs} per DP group x a P99 request ({length} tokens) needs "
+                f"{common.human(need_group)} of {common.human(cap['kv_budget_per_dp_group_bytes'])}: expect preemptions at "
+                f"full load; {fit_requests} fit (or add decode offload / lower max_model_len)"]
+    return []
 
 
 def capacity_reports(plan, clusters, configs=None, baselines=None):

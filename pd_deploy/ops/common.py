@@ -3,8 +3,9 @@
 
 from collections.abc import Mapping
 
-from pd_deploy import datafiles, model, sizes
-from pd_deploy.errors import PdError
+from ..plan import model
+from ..shared import datafiles, sizes
+from ..shared.errors import PdError
 
 DEFAULT_FAMILY = "deepseek_v4_flash"
 

@@ -7,13 +7,15 @@ adapt Ansible loop results, ``metrics_summary`` the figures of a load run.
 import math
 import re
 from collections.abc import Mapping
+from typing import NamedTuple
 
-from pd_deploy import capacity, model, sizes
-from pd_deploy.containers import clean_log
-from pd_deploy.errors import PdError
-from pd_deploy.ops import common, metrics
-from pd_deploy.ops.common import p99_request_len
-from pd_deploy.ops.metrics import metrics_window, parse_metrics
+from ..plan import capacity, model
+from ..rollout.containers import clean_log
+from ..shared import sizes
+from ..shared.errors import PdError
+from . import common, metrics
+from .common import p99_request_len
+from .metrics import metrics_window, parse_metrics
 
 #: kv_cache_usage_perc above this is "the KV pool is nearly empty" (article's pitfall table).
 KV_HIGH = 0.9
@@ -138,161 +140,203 @@ def diagnose(samples, role, config, log_text=None, where=None, kv_high=KV_HIGH, 
     parsed = [metrics.sample(item, fn, i) for i, item in enumerate(samples)]
     cluster = common.normalized(config, fn)
     rcfg = cluster["roles"][role]
-    eng = rcfg["engine"]
-    where = where or f"{cluster['name']}/{role}"
-    p99 = p99_request_len(cluster)
-    avg = cluster["workload"]["avg_prompt_tokens"]
-    findings = []
-
-    # num_preemptions > 0: KV truly short
-    preempt = [s["num_preemptions"] for s in parsed if s["num_preemptions"] is not None]
-    if preempt:
-        seqs = eng["max_num_seqs"]
-        fewer = max(1, seqs * SEQS_STEP[0] // SEQS_STEP[1])
-        grew = None
-        if len(preempt) >= 2:
-            grew = preempt[-1] - preempt[0] if preempt[-1] >= preempt[0] else preempt[-1]
-        total = preempt[-1]
-        if (grew is not None and grew > 0) or (grew is None and total > 0):
-            parts = [f"lower {role}.engine.max_num_seqs from {seqs} to {fewer}"]
-            if role == "decode" and rcfg["offload_connector"] != "RecomputeCPUOffloadConnector":
-                parts.append(_offload_hint(rcfg, role))
-            if eng["max_model_len"] > p99:
-                parts.append(f"lower {role}.engine.max_model_len from {eng['max_model_len']} to {p99} "
-                             f"(P99 prompt + output)")
-            value = (f"+{_fmt(grew)} between the first and last scrape (total {_fmt(total)})"
-                     if grew is not None else f"{_fmt(total)} since the engine started")
-            findings.append(_finding(
-                "critical", "vllm:num_preemptions", value,
-                "KV truly short: running requests were evicted to make room (should stay 0)",
-                " or ".join(parts), where, {"param": f"{role}.engine.max_num_seqs", "value": fewer}))
-        elif total > 0:
-            findings.append(_finding(
-                "warning", "vllm:num_preemptions", f"{_fmt(total)} since the engine started, none between scrapes",
-                "KV ran short earlier (e.g. a burst); not during this check",
-                f"watch it; if it grows, lower {role}.engine.max_num_seqs from {eng['max_num_seqs']} to "
-                f"{max(1, eng['max_num_seqs'] * SEQS_STEP[0] // SEQS_STEP[1])}", where))
-
-    # kv_cache_usage_perc > 0.9 sustained: KV pool nearly empty
-    usage = [s["kv_cache_usage_perc"] for s in parsed if s["kv_cache_usage_perc"] is not None]
-    if usage and usage[-1] > kv_high:
-        sustained = len(usage) >= sustain and all(u > kv_high for u in usage[-sustain:])
-        parts = [_offload_hint(rcfg, role)]
-        change = None
-        if eng["max_model_len"] > p99:
-            parts.append(f"lower {role}.engine.max_model_len from {eng['max_model_len']} to {p99} (P99 prompt + output)")
-            change = {"param": f"{role}.engine.max_model_len", "value": p99}
-        shown = ", ".join(f"{u:.2f}" for u in usage[-max(sustain, 1):])
-        if sustained:
-            findings.append(_finding(
-                "warning", "vllm:kv_cache_usage_perc", f"{shown} (> {kv_high} in the last {sustain} scrapes)",
-                "KV pool nearly empty: the next long request will preempt or wait", " or ".join(parts), where, change))
-        else:
-            findings.append(_finding(
-                "info", "vllm:kv_cache_usage_perc", f"{usage[-1]:.2f} at the last scrape",
-                f"above {kv_high} once; not sustained over {sustain} scrapes",
-                "re-run the health check under load; if it stays above, " + " or ".join(parts), where))
-
-    # running stuck at 1 with a queue on prefill: token budget < prompt
+    rank = _Rank(role, cluster, rcfg, rcfg["engine"], where or f"{cluster['name']}/{role}", parsed,
+                 p99_request_len(cluster), cluster["workload"]["avg_prompt_tokens"])
+    findings = _preemptions(rank) + _kv_usage(rank, kv_high, sustain)
     if role == "prefill":
-        pairs = [(s["num_requests_running"], s["num_requests_waiting"]) for s in parsed]
-        stuck = [p for p in pairs if p[0] is not None and p[1] is not None]
-        if stuck and len(stuck) == len(pairs) and all(r == 1 and w > 0 for r, w in stuck):
-            measured = None
-            if len(parsed) >= 2:
-                measured = metrics_window(parsed[0], parsed[-1])["avg_prompt_tokens"]
-            basis = max(avg, int(math.ceil(measured))) if measured else avg
-            rec = capacity.recommend_batched_tokens(basis, tp=rcfg["tp"])
-            configured = eng["max_num_batched_tokens"]
-            note = f"measured average prompt {measured:.0f} tokens, " if measured else ""
-            if configured < rec["recommended"]:
-                action = (f"raise prefill.engine.max_num_batched_tokens from {configured} to {rec['recommended']} "
-                          f"(>= 2 x average prompt {basis} = {2 * basis}; {rec['rule']})")
-                change = {"param": "prefill.engine.max_num_batched_tokens", "value": rec["recommended"]}
-            else:
-                action = (f"prefill.engine.max_num_batched_tokens {configured} already meets the recommendation for "
-                          f"an average prompt of {basis} tokens: the real prompts are longer; measure them, set "
-                          f"workload.avg_prompt_tokens and raise max_num_batched_tokens to >= 2 x that average")
-                change = None
-            if rec["level"] == "error":
-                action += " (beyond the TP4 table: activation OOM risk)"
-            waiting = ", ".join(_fmt(w) for _, w in stuck)
-            findings.append(_finding(
-                "critical" if len(stuck) >= 2 else "warning", "vllm:num_requests_running",
-                f"running 1 with waiting {waiting} in every scrape ({note}configured average {avg})",
-                "token budget < prompt: one prompt fills max-num-batched-tokens, the rest queue "
-                "(max-num-seqs is not the limit)", action, where, change))
-
-    # TTFT grows between scrapes (prefill): batch too large, queueing
-    if role == "prefill" and len(parsed) >= 2:
-        before, windows = _ttft_windows(parsed)
-        reference = before if before else (windows[0] if len(windows) >= 2 else None)
-        stuck_found = any(f["signal"] == "vllm:num_requests_running" for f in findings)
-        if windows and reference and windows[-1] >= ttft_growth * reference and stuck_found:
-            findings.append(_finding(
-                "info", "vllm:time_to_first_token_seconds",
-                f"mean {windows[-1]:.3f} s in the last window vs {reference:.3f} s before",
-                "TTFT grows because prompts queue behind the one running prefill",
-                "fix the running-stuck-at-1 finding first; do not lower max-num-batched-tokens now", where))
-        elif windows and reference and windows[-1] >= ttft_growth * reference:
-            configured = eng["max_num_batched_tokens"]
-            lower = next((level for level in BATCH_LEVELS if level < configured), None)
-            if lower is None:
-                action = (f"prefill.engine.max_num_batched_tokens {configured} is at the table's floor: "
-                          f"add a prefill instance (prefill.instances: {rcfg['instances'] + 1})")
-                change = {"param": "prefill.instances", "value": rcfg["instances"] + 1}
-            else:
-                action = f"lower prefill.engine.max_num_batched_tokens from {configured} to {lower}"
-                if lower < 2 * avg:
-                    action += (f" (below 2 x average prompt {2 * avg}: fewer prompts per step) or add a prefill "
-                               f"instance (prefill.instances: {rcfg['instances'] + 1})")
-                change = {"param": "prefill.engine.max_num_batched_tokens", "value": lower}
-            findings.append(_finding(
-                "warning", "vllm:time_to_first_token_seconds",
-                f"mean {windows[-1]:.3f} s in the last window vs {reference:.3f} s before",
-                "TTFT grows: the batch is too large and requests queue behind it (or the load grew)",
-                action, where, change))
-
+        findings += _running_stuck(rank)
+        if len(parsed) >= 2:
+            findings += _ttft_growth(rank, findings, ttft_growth)
     # D computes prompt tokens itself although a P exists: the recompute pitfall (P's KV never arrived)
     if role == "decode" and len(parsed) >= 2:
-        finding = _recompute_pitfall(parsed, cluster, where)
+        finding = _recompute_pitfall(parsed, cluster, rank.where)
         if finding:
             findings.append(finding)
-
     if log_text is not None:
-        lines = count_recompute(log_text)
-        if lines and role == "decode":
-            seqs = eng["max_num_seqs"]
-            fewer = max(1, seqs * SEQS_STEP[0] // SEQS_STEP[1])
-            if rcfg["offload_connector"] == "RecomputeCPUOffloadConnector":
-                findings.append(_finding(
-                    "info", "log: [RecomputeScheduler] Recompute triggered", lines,
-                    "D ran out of KV and preempted requests; their KV was parked in CPU and restored",
-                    f"none while rare; if frequent, lower decode.engine.max_num_seqs from {seqs} to {fewer}",
-                    where))
-            else:
-                findings.append(_finding(
-                    "warning", "log: [RecomputeScheduler] Recompute triggered", lines,
-                    "D ran out of KV and preempted requests; without a CPU pool they are re-prefilled",
-                    f"{_offload_hint(rcfg, role)}, or lower decode.engine.max_num_seqs from {seqs} to {fewer}",
-                    where, {"param": "decode.engine.max_num_seqs", "value": fewer}))
-        if _OOM_RE.search(clean_log(log_text if isinstance(log_text, str) else "\n".join(log_text))):
-            if role == "prefill":
-                configured = eng["max_num_batched_tokens"]
-                lower = next((level for level in BATCH_LEVELS[1:] if level < configured), BATCH_LEVELS[-1])
-                findings.append(_finding(
-                    "critical", "log: out of memory", "an out-of-memory error in the log",
-                    "P OOM: max-num-batched-tokens too large (activation memory)",
-                    f"lower prefill.engine.max_num_batched_tokens from {configured} to {lower} (back to 24576 / 16384)",
-                    where, {"param": "prefill.engine.max_num_batched_tokens", "value": lower}))
-            else:
-                findings.append(_finding(
-                    "critical", "log: out of memory", "an out-of-memory error in the log",
-                    "D OOM: KV and activations exceed HBM",
-                    f"lower decode.engine.max_num_seqs from {eng['max_num_seqs']} to "
-                    f"{max(1, eng['max_num_seqs'] * SEQS_STEP[0] // SEQS_STEP[1])}, or keep "
-                    f"decode.engine.gpu_memory_utilization at 0.85 (now {eng['gpu_memory_utilization']})", where))
+        findings += _log_recompute(rank, log_text) + _log_oom(rank, log_text)
     return findings
+
+
+class _Rank(NamedTuple):
+    """What every step of ``diagnose`` reads about the rank it judges."""
+
+    role: str
+    cluster: dict
+    rcfg: dict  # the role's normalized config
+    eng: dict  # its engine settings
+    where: str
+    parsed: list  # parse_metrics results, oldest first
+    p99: int  # P99 prompt + output tokens
+    avg: int  # the workload's average prompt tokens
+
+
+def _fewer_seqs(seqs):
+    """The next max_num_seqs down the step (SEQS_STEP), at least 1."""
+    return max(1, seqs * SEQS_STEP[0] // SEQS_STEP[1])
+
+
+def _preemptions(rank):
+    """num_preemptions > 0: KV truly short."""
+    role, rcfg, eng, where = rank.role, rank.rcfg, rank.eng, rank.where
+    preempt = [s["num_preemptions"] for s in rank.parsed if s["num_preemptions"] is not None]
+    if not preempt:
+        return []
+    seqs = eng["max_num_seqs"]
+    fewer = _fewer_seqs(seqs)
+    grew = None
+    if len(preempt) >= 2:
+        grew = preempt[-1] - preempt[0] if preempt[-1] >= preempt[0] else preempt[-1]
+    total = preempt[-1]
+    if (grew is not None and grew > 0) or (grew is None and total > 0):
+        parts = [f"lower {role}.engine.max_num_seqs from {seqs} to {fewer}"]
+        if role == "decode" and rcfg["offload_connector"] != "RecomputeCPUOffloadConnector":
+            parts.append(_offload_hint(rcfg, role))
+        if eng["max_model_len"] > rank.p99:
+            parts.append(f"lower {role}.engine.max_model_len from {eng['max_model_len']} to {rank.p99} "
+                         f"(P99 prompt + output)")
+        value = (f"+{_fmt(grew)} between the first and last scrape (total {_fmt(total)})"
+                 if grew is not None else f"{_fmt(total)} since the engine started")
+        return [_finding(
+            "critical", "vllm:num_preemptions", value,
+            "KV truly short: running requests were evicted to make room (should stay 0)",
+            " or ".join(parts), where, {"param": f"{role}.engine.max_num_seqs", "value": fewer})]
+    if total > 0:
+        return [_finding(
+            "warning", "vllm:num_preemptions", f"{_fmt(total)} since the engine started, none between scrapes",
+            "KV ran short earlier (e.g. a burst); not during this check",
+            f"watch it; if it grows, lower {role}.engine.max_num_seqs from {eng['max_num_seqs']} to "
+            f"{_fewer_seqs(eng['max_num_seqs'])}", where)]
+    return []
+
+
+def _kv_usage(rank, kv_high, sustain):
+    """kv_cache_usage_perc > 0.9 sustained: KV pool nearly empty."""
+    role, eng, where = rank.role, rank.eng, rank.where
+    usage = [s["kv_cache_usage_perc"] for s in rank.parsed if s["kv_cache_usage_perc"] is not None]
+    if not (usage and usage[-1] > kv_high):
+        return []
+    sustained = len(usage) >= sustain and all(u > kv_high for u in usage[-sustain:])
+    parts = [_offload_hint(rank.rcfg, role)]
+    change = None
+    if eng["max_model_len"] > rank.p99:
+        parts.append(f"lower {role}.engine.max_model_len from {eng['max_model_len']} to {rank.p99} (P99 prompt + output)")
+        change = {"param": f"{role}.engine.max_model_len", "value": rank.p99}
+    shown = ", ".join(f"{u:.2f}" for u in usage[-max(sustain, 1):])
+    if sustained:
+        return [_finding(
+            "warning", "vllm:kv_cache_usage_perc", f"{shown} (> {kv_high} in the last {sustain} scrapes)",
+            "KV pool nearly empty: the next long request will preempt or wait", " or ".join(parts), where, change)]
+    return [_finding(
+        "info", "vllm:kv_cache_usage_perc", f"{usage[-1]:.2f} at the last scrape",
+        f"above {kv_high} once; not sustained over {sustain} scrapes",
+        "re-run the health check under load; if it stays above, " + " or ".join(parts), where)]
+
+
+def _running_stuck(rank):
+    """Running stuck at 1 with a queue on prefill: token budget < prompt."""
+    parsed, avg = rank.parsed, rank.avg
+    pairs = [(s["num_requests_running"], s["num_requests_waiting"]) for s in parsed]
+    stuck = [p for p in pairs if p[0] is not None and p[1] is not None]
+    if not (stuck and len(stuck) == len(pairs) and all(r == 1 and w > 0 for r, w in stuck)):
+        return []
+    measured = None
+    if len(parsed) >= 2:
+        measured = metrics_window(parsed[0], parsed[-1])["avg_prompt_tokens"]
+    basis = max(avg, int(math.ceil(measured))) if measured else avg
+    rec = capacity.recommend_batched_tokens(basis, tp=rank.rcfg["tp"])
+    configured = rank.eng["max_num_batched_tokens"]
+    note = f"measured average prompt {measured:.0f} tokens, " if measured else ""
+    if configured < rec["recommended"]:
+        action = (f"raise prefill.engine.max_num_batched_tokens from {configured} to {rec['recommended']} "
+                  f"(>= 2 x average prompt {basis} = {2 * basis}; {rec['rule']})")
+        change = {"param": "prefill.engine.max_num_batched_tokens", "value": rec["recommended"]}
+    else:
+        action = (f"prefill.engine.max_num_batched_tokens {configured} already meets the recommendation for "
+                  f"an average prompt of {basis} tokens: the real prompts are longer; measure them, set "
+                  f"workload.avg_prompt_tokens and raise max_num_batched_tokens to >= 2 x that average")
+        change = None
+    if rec["level"] == "error":
+        action += " (beyond the TP4 table: activation OOM risk)"
+    waiting = ", ".join(_fmt(w) for _, w in stuck)
+    return [_finding(
+        "critical" if len(stuck) >= 2 else "warning", "vllm:num_requests_running",
+        f"running 1 with waiting {waiting} in every scrape ({note}configured average {avg})",
+        "token budget < prompt: one prompt fills max-num-batched-tokens, the rest queue "
+        "(max-num-seqs is not the limit)", action, rank.where, change)]
+
+
+def _ttft_growth(rank, findings, ttft_growth):
+    """TTFT grows between scrapes (prefill): batch too large, queueing; ``findings`` so far tell
+    whether the running-stuck-at-1 finding explains it."""
+    rcfg, where = rank.rcfg, rank.where
+    before, windows = _ttft_windows(rank.parsed)
+    reference = before if before else (windows[0] if len(windows) >= 2 else None)
+    if not (windows and reference and windows[-1] >= ttft_growth * reference):
+        return []
+    if any(f["signal"] == "vllm:num_requests_running" for f in findings):
+        return [_finding(
+            "info", "vllm:time_to_first_token_seconds",
+            f"mean {windows[-1]:.3f} s in the last window vs {reference:.3f} s before",
+            "TTFT grows because prompts queue behind the one running prefill",
+            "fix the running-stuck-at-1 finding first; do not lower max-num-batched-tokens now", where)]
+    configured = rank.eng["max_num_batched_tokens"]
+    lower = next((level for level in BATCH_LEVELS if level < configured), None)
+    if lower is None:
+        action = (f"prefill.engine.max_num_batched_tokens {configured} is at the table's floor: "
+                  f"add a prefill instance (prefill.instances: {rcfg['instances'] + 1})")
+        change = {"param": "prefill.instances", "value": rcfg["instances"] + 1}
+    else:
+        action = f"lower prefill.engine.max_num_batched_tokens from {configured} to {lower}"
+        if lower < 2 * rank.avg:
+            action += (f" (below 2 x average prompt {2 * rank.avg}: fewer prompts per step) or add a prefill "
+                       f"instance (prefill.instances: {rcfg['instances'] + 1})")
+        change = {"param": "prefill.engine.max_num_batched_tokens", "value": lower}
+    return [_finding(
+        "warning", "vllm:time_to_first_token_seconds",
+        f"mean {windows[-1]:.3f} s in the last window vs {reference:.3f} s before",
+        "TTFT grows: the batch is too large and requests queue behind it (or the load grew)",
+        action, where, change)]
+
+
+def _log_recompute(rank, log_text):
+    """Recompute lines in a decode rank's log: preempted requests, parked in CPU or re-prefilled."""
+    lines = count_recompute(log_text)
+    if not lines or rank.role != "decode":
+        return []
+    seqs = rank.eng["max_num_seqs"]
+    fewer = _fewer_seqs(seqs)
+    if rank.rcfg["offload_connector"] == "RecomputeCPUOffloadConnector":
+        return [_finding(
+            "info", "log: [RecomputeScheduler] Recompute triggered", lines,
+            "D ran out of KV and preempted requests; their KV was parked in CPU and restored",
+            f"none while rare; if frequent, lower decode.engine.max_num_seqs from {seqs} to {fewer}",
+            rank.where)]
+    return [_finding(
+        "warning", "log: [RecomputeScheduler] Recompute triggered", lines,
+        "D ran out of KV and preempted requests; without a CPU pool they are re-prefilled",
+        f"{_offload_hint(rank.rcfg, rank.role)}, or lower decode.engine.max_num_seqs from {seqs} to {fewer}",
+        rank.where, {"param": "decode.engine.max_num_seqs", "value": fewer})]
+
+
+def _log_oom(rank, log_text):
+    """An out-of-memory error in the log: P's batch (activations) or D's KV and activations."""
+    if not _OOM_RE.search(clean_log(log_text if isinstance(log_text, str) else "\n".join(log_text))):
+        return []
+    eng = rank.eng
+    if rank.role == "prefill":
+        configured = eng["max_num_batched_tokens"]
+        lower = next((level for level in BATCH_LEVELS[1:] if level < configured), BATCH_LEVELS[-1])
+        return [_finding(
+            "critical", "log: out of memory", "an out-of-memory error in the log",
+            "P OOM: max-num-batched-tokens too large (activation memory)",
+            f"lower prefill.engine.max_num_batched_tokens from {configured} to {lower} (back to 24576 / 16384)",
+            rank.where, {"param": "prefill.engine.max_num_batched_tokens", "value": lower})]
+    return [_finding(
+        "critical", "log: out of memory", "an out-of-memory error in the log",
+        "D OOM: KV and activations exceed HBM",
+        f"lower decode.engine.max_num_seqs from {eng['max_num_seqs']} to "
+        f"{_fewer_seqs(eng['max_num_seqs'])}, or keep "
+        f"decode.engine.gpu_memory_utilization at 0.85 (now {eng['gpu_memory_utilization']})", rank.where)]
 
 
 def verdict(findings):

@@ -3,7 +3,7 @@
 import re
 from collections.abc import Mapping
 
-from pd_deploy.errors import PdError
+from ..shared.errors import PdError
 
 _TOKEN_ID_RE = re.compile(r"^token_id:(-?\d+)$")
 

@@ -4,8 +4,8 @@ scrapes (``metrics_window``)."""
 import math
 from collections.abc import Mapping
 
-from pd_deploy import sizes
-from pd_deploy.errors import PdError
+from ..shared import sizes
+from ..shared.errors import PdError
 
 # The DOMAIN.md §6 signals, by their exposition names; values are read from samples by name so that
 # missing TYPE lines (or a counter declared with or without _total) do not matter.

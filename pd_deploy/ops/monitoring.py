@@ -3,8 +3,8 @@ fleet plan, with a panel per pitfall signal."""
 
 from collections.abc import Mapping
 
-from pd_deploy.errors import PdError
-from pd_deploy.ops.diagnosis import KV_HIGH
+from ..shared.errors import PdError
+from .diagnosis import KV_HIGH
 
 def _addresses(plan):
     """{host: address} from the launch specs (HCCL_IF_IP is the host's address)."""

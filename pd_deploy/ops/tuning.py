@@ -5,9 +5,10 @@ from collections.abc import Mapping
 
 import yaml
 
-from pd_deploy import model, sizes
-from pd_deploy.errors import PdError
-from pd_deploy.ops import common
+from ..plan import model
+from ..shared import sizes
+from ..shared.errors import PdError
+from . import common
 
 _MISSING = object()
 _RAW_NAMES = {"cpu_offload_bytes": "cpu_offload", "shm_size_bytes": "shm_size"}

@@ -13,7 +13,7 @@ import sys
 import pytest
 import yaml
 
-from pd_deploy import fleet
+from pd_deploy.plan import fleet
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

@@ -7,8 +7,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 from jinja2.nativetypes import NativeEnvironment
 
-from pd_deploy import capacity
-from pd_deploy.capacity import (
+from pd_deploy.plan import capacity
+from pd_deploy.plan.capacity import (
     DANGER_ZONE,
     SWEET_SPOT,
     UPPER_BOUND,
@@ -21,7 +21,7 @@ from pd_deploy.capacity import (
     recommend_max_num_seqs,
     retention_interval,
 )
-from pd_deploy.errors import PdError
+from pd_deploy.shared.errors import PdError
 
 GiB = 1024**3
 

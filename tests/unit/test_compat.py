@@ -2,8 +2,9 @@
 
 import pytest
 
-from pd_deploy import compat, versions
-from pd_deploy.errors import PdError
+from pd_deploy.hostcheck import compat
+from pd_deploy.plan import versions
+from pd_deploy.shared.errors import PdError
 
 # CreatedBy of a RUN step as the Engine API returned it for an image built (docker build, 2026-12-01, on
 # this machine) from a Dockerfile with the ARG names of vllm-project/vllm-ascend v0.25.1rc1:Dockerfile:25,42-43

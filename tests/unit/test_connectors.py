@@ -6,8 +6,8 @@ import json
 import jinja2
 import pytest
 
-from pd_deploy import connectors, versions
-from pd_deploy.errors import PdError
+from pd_deploy.plan import connectors, versions
+from pd_deploy.shared.errors import PdError
 from tests.fixtures.article import ARTICLE_D, ARTICLE_D_RENDERED
 
 GIB = 1024 ** 3

@@ -4,8 +4,8 @@ import copy
 
 import pytest
 
-from pd_deploy import containers
-from pd_deploy.errors import PdError
+from pd_deploy.rollout import containers
+from pd_deploy.shared.errors import PdError
 
 
 def spec(name, spec_hash="h-" + "0" * 8, http=8200, dp_rank=0, kv=(30100, 30108), dp_rpc=13399, **extra):

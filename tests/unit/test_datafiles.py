@@ -6,7 +6,7 @@ import os
 import pytest
 import yaml
 
-from pd_deploy import datafiles
+from pd_deploy.shared import datafiles
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DATA = sorted(n for n in os.listdir(os.path.join(REPO, "pd_deploy", "data")) if n.endswith(".yml"))

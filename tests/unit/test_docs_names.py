@@ -19,10 +19,15 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 PAGES = ("docs/design.md", "docs/development.md")
 TOP = ("pd_deploy", "library", "module_utils", "filter_plugins", "action_plugins", "vars_plugins", "roles",
        "playbooks", "schemas", "tools", "tests", "bench", "molecule", "docs", "inventories", "collection")
-MODULES = {m.name.split(".", 1)[1]: m.name for m in pkgutil.walk_packages(pd_deploy.__path__, "pd_deploy.")}
+# every module by its dotted path under pd_deploy ("plan.fleet") and, where the last part is unique, by
+# that part alone ("fleet"); a name written with the package ("pd_deploy.plan.fleet.x") must be the full path
+_ALL = [m.name.split(".", 1)[1] for m in pkgutil.walk_packages(pd_deploy.__path__, "pd_deploy.")]
+_LAST = [name.rsplit(".", 1)[-1] for name in _ALL]
+MODULES = {name: "pd_deploy." + name for name in _ALL}
+SHORT = {last: "pd_deploy." + name for name, last in zip(_ALL, _LAST) if _LAST.count(last) == 1 and last not in MODULES}
 # a repo path: starts with a top folder, not inside an upstream path (vllm_ascend/..., vllm-project/x:docs/...)
 PATH = re.compile(r"(?<![\w./:-])((?:%s)/[\w./-]*[\w/])" % "|".join(TOP))
-ATTR = re.compile(r"(?<![\w.])(?:pd_deploy\.)?((?:ops\.)?[a-z_]+)\.([A-Za-z_]\w*)")
+ATTR = re.compile(r"(?<![\w.])(pd_deploy\.)?((?:[a-z_]+\.)*[a-z_]+)\.([A-Za-z_]\w*)")
 CALL = re.compile(r"(?<![\w.])([A-Za-z_]\w*)\(\)")
 
 
@@ -51,10 +56,18 @@ def test_named_module_attributes_exist(page):
     text = _read(page)
     missing = []
     for match in ATTR.finditer(text):
-        module, attr = match.groups()
-        if module in MODULES and attr not in ("py", "yml", "md", "json"):
-            if not hasattr(importlib.import_module(MODULES[module]), attr):
-                missing.append(f"{page}:{_line(text, match.start())}: {module}.{attr}")
+        full, module, attr = match.groups()
+        if attr in ("py", "yml", "md", "json"):
+            continue
+        where = f"{page}:{_line(text, match.start())}: {match.group(0)}"
+        if module == "pd_deploy":  # pd_deploy.<module or package>
+            if attr not in MODULES and not hasattr(pd_deploy, attr):
+                missing.append(where + " (no such module under pd_deploy)")
+        elif full and module not in MODULES:  # written with the package: the full path, not a short name
+            missing.append(where + " (no such module under pd_deploy)")
+        elif (MODULES.get(module) or SHORT.get(module)) and not hasattr(
+                importlib.import_module(MODULES.get(module) or SHORT[module]), attr):
+            missing.append(where)
     assert not missing, "named in the docs, absent from the code:\n" + "\n".join(missing)
 
 
@@ -75,8 +88,11 @@ def test_named_paths_exist(page):
 
 
 def test_the_checks_catch_what_they_look_for():
-    assert ATTR.search("`model.launch_specs()`").groups() == ("model", "launch_specs")
-    assert not hasattr(importlib.import_module(MODULES["model"]), "launch_specs")
+    assert ATTR.search("`model.launch_specs()`").groups() == (None, "model", "launch_specs")
+    assert not hasattr(importlib.import_module(SHORT["model"]), "launch_specs")
+    assert ATTR.search("pd_deploy.plan.fleet.plan_fleet").groups() == ("pd_deploy.", "plan.fleet", "plan_fleet")
+    assert ATTR.search("pd_deploy.fleet.plan_fleet").groups() == ("pd_deploy.", "fleet", "plan_fleet")
+    assert "fleet" not in MODULES and SHORT["fleet"] == "pd_deploy.plan.fleet"
     assert CALL.search("see launch_specs() here").group(1) == "launch_specs"
     assert PATH.search("in pd_deploy/fleet.py, and").group(1) == "pd_deploy/fleet.py"
     assert not PATH.search("vllm_ascend/models/deepseek_v4/model.py")

@@ -8,7 +8,7 @@ import copy
 
 import pytest
 
-from pd_deploy import fleet
+from pd_deploy.plan import fleet
 from test_fleet import cluster_a, example_fleet, member
 
 GIB = 1024 ** 3
@@ -79,7 +79,7 @@ def test_a_mistyped_host_key_is_refused_by_name_with_a_suggestion():
 
 
 def test_role_defaults_and_documented_switches_are_known():
-    from pd_deploy import inventory
+    from pd_deploy.validate import inventory
 
     known = inventory.known_variables()
     # a role default, a documented playbook switch, a host fact, the cluster dict

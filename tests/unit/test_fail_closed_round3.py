@@ -13,7 +13,9 @@ import re
 import pytest
 import yaml
 
-from pd_deploy import fleet, inventory, rules, text
+from pd_deploy.plan import fleet
+from pd_deploy.shared import text
+from pd_deploy.validate import inventory, rules
 from test_fleet import cluster_a, example_fleet
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -14,7 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from pd_deploy import compat, failures, model, netchecks, prechecks, rules
+from pd_deploy.hostcheck import compat, netchecks, prechecks
+from pd_deploy.plan import model
+from pd_deploy.rollout import failures
+from pd_deploy.validate import rules
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import test_netchecks as nc  # noqa: E402  (fake hccn_tool helpers)

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from pd_deploy import failures
-from pd_deploy.errors import PdError
+from pd_deploy.rollout import failures
+from pd_deploy.shared.errors import PdError
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -7,13 +7,19 @@ import os
 
 import pytest
 
-from pd_deploy import (capacity, compat, connectors, containers, failures, fleet, logparse, netchecks, ops, prechecks,
-                       report, rules, secrets, sizes, versions)
+from pd_deploy import ops
+from pd_deploy.hostcheck import compat, netchecks, prechecks
+from pd_deploy.ops import logparse
+from pd_deploy.plan import capacity, connectors, fleet, versions
+from pd_deploy.report import summary as report
+from pd_deploy.rollout import containers, failures, order
+from pd_deploy.shared import sizes
+from pd_deploy.validate import rules, secrets
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PLUGIN_DIR = os.path.join(REPO, "filter_plugins")
 # ops is registered as one mapping; its steps are listed one by one so a name two steps claim is caught
-MODULES = (sizes, capacity, logparse, versions, connectors, rules, fleet, containers, report, prechecks, secrets,
+MODULES = (sizes, capacity, logparse, versions, connectors, rules, fleet, order, containers, report, prechecks, secrets,
            *ops.STEPS, netchecks, failures, compat)
 GIB = 1024 ** 3
 

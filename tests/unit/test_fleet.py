@@ -8,8 +8,9 @@ import copy
 
 import pytest
 
-from pd_deploy import fleet
-from pd_deploy.errors import PdError
+from pd_deploy.plan import fleet
+from pd_deploy.rollout import order
+from pd_deploy.shared.errors import PdError
 
 
 # ---- helpers ------------------------------------------------------------------------------------
@@ -361,7 +362,7 @@ def converged_probes(plan, hosts=HOSTS):
 
 def test_a_converged_fleet_rolls_nothing():
     plan = fleet.plan_fleet(example_fleet())
-    targets = fleet.rollout_targets(plan, converged_probes(plan), HOSTS)
+    targets = order.rollout_targets(plan, converged_probes(plan), HOSTS)
     assert targets == {"hosts": [], "batches": [1], "changed": [], "unchanged": ["cluster_a", "cluster_b"],
                        "pending": {}, "reasons": {}, "removed": {}, "images": {h: {} for h in HOSTS},
                        "moved": [], "warnings": []}
@@ -369,7 +370,7 @@ def test_a_converged_fleet_rolls_nothing():
 
 def test_a_fresh_fleet_rolls_every_cluster_in_play_order():
     plan = fleet.plan_fleet(example_fleet())
-    targets = fleet.rollout_targets(plan, {h: {"containers": []} for h in HOSTS}, HOSTS)
+    targets = order.rollout_targets(plan, {h: {"containers": []} for h in HOSTS}, HOSTS)
     assert targets["hosts"] == HOSTS and targets["batches"] == [2, 3]
     assert targets["changed"] == ["cluster_a", "cluster_b"] and targets["unchanged"] == []
     assert targets["pending"]["b-d1"] == ["pd-cluster_b-decode0-dp2", "pd-cluster_b-decode0-dp3"]
@@ -388,7 +389,7 @@ def test_one_container_not_running_its_spec_rolls_its_whole_cluster_only(contain
         probes["b-d1"]["containers"].remove(rank)
     else:
         rank.update(container_change)
-    targets = fleet.rollout_targets(plan, probes, HOSTS)
+    targets = order.rollout_targets(plan, probes, HOSTS)
     # every host of cluster_b goes through the rollout (D before P before proxy), cluster_a is left alone
     assert targets["hosts"] == ["b-p0", "b-d0", "b-d1"] and targets["batches"] == [3]
     assert targets["changed"] == ["cluster_b"] and targets["unchanged"] == ["cluster_a"]
@@ -402,14 +403,14 @@ def test_a_changed_proxy_rolls_its_cluster():
     for c in probes[proxy["host"]]["containers"]:
         if c["name"] == proxy["name"]:
             c["hash"] = "old"
-    targets = fleet.rollout_targets(plan, probes, HOSTS)
+    targets = order.rollout_targets(plan, probes, HOSTS)
     assert targets["changed"] == ["cluster_a"] and targets["hosts"] == ["a-p0", "a-d0"]
 
 
 def test_targets_follow_the_play_hosts():
     plan = fleet.plan_fleet(example_fleet(limit=["b-p0", "b-d0", "b-d1"]))
     play = ["b-p0", "b-d0", "b-d1"]
-    targets = fleet.rollout_targets(plan, {h: {"containers": []} for h in play}, play)
+    targets = order.rollout_targets(plan, {h: {"containers": []} for h in play}, play)
     assert targets["hosts"] == play and targets["changed"] == ["cluster_b"] and targets["unchanged"] == []
 
 
@@ -418,18 +419,18 @@ def test_a_host_without_probe_is_refused():
     probes = converged_probes(plan)
     del probes["a-d0"]
     with pytest.raises(PdError) as err:
-        fleet.rollout_targets(plan, probes, HOSTS)
+        order.rollout_targets(plan, probes, HOSTS)
     assert err.value.field == "probes.a-d0" and "pd_prechecks" in err.value.fix
     with pytest.raises(PdError):
-        fleet.rollout_targets(plan, None, HOSTS)
+        order.rollout_targets(plan, None, HOSTS)
 
 
 def test_rollout_summary_says_which_clusters_were_rolled_and_which_left_alone():
-    from pd_deploy import report
+    from pd_deploy.report import summary as report
     plan = fleet.plan_fleet(example_fleet())
     probes = converged_probes(plan)
     probes["a-d0"]["containers"] = []
-    targets = fleet.rollout_targets(plan, probes, HOSTS)
+    targets = order.rollout_targets(plan, probes, HOSTS)
     lines = report.rollout_summary(plan, HOSTS, targets)
     assert lines[0] == "cluster_a: rolled out"
     assert report.rollout_summary(plan, HOSTS, targets, True)[0] == \
@@ -506,7 +507,7 @@ def test_weights_that_do_not_fit_a_910b4_fail_the_plan():
     (["/srv/collection"], "collection-inventory"),
 ])
 def test_inventory_slug_names_one_safe_directory_per_inventory(sources, slug):
-    from pd_deploy.report import inventory_slug
+    from pd_deploy.report.summary import inventory_slug
     assert inventory_slug(sources) == slug
 
 
@@ -521,7 +522,7 @@ def test_inventory_slug_names_one_safe_directory_per_inventory(sources, slug):
 ])
 def test_the_summary_says_why_each_container_was_started(change, reason):
     # a plain restart of an unchanged spec is not called a changed launch spec
-    from pd_deploy import report
+    from pd_deploy.report import summary as report
     plan = fleet.plan_fleet(example_fleet())
     probes = converged_probes(plan)
     rank = probes["b-d1"]["containers"][1]
@@ -535,7 +536,7 @@ def test_the_summary_says_why_each_container_was_started(change, reason):
             rank.update(hash="another")
     else:
         rank.update(change)
-    targets = fleet.rollout_targets(plan, probes, HOSTS)
+    targets = order.rollout_targets(plan, probes, HOSTS)
     assert targets["reasons"] == {"b-d1": {rank["name"]: reason}}
     port = next(s for s in plan["hosts"]["b-d1"]["specs"] if s["name"] == rank["name"])["ports"]["http"]
     lines = report.rollout_summary(plan, HOSTS, targets, outcomes={h: {"done": True} for h in targets["hosts"]})
@@ -546,7 +547,7 @@ def test_the_summary_says_why_each_container_was_started(change, reason):
 
 def _failed_rollout(plan, probes_before):
     """A rollout of both clusters that stopped on b-d1: cluster_a ended, cluster_b's batch was rescued."""
-    targets = fleet.rollout_targets(plan, probes_before, HOSTS)
+    targets = order.rollout_targets(plan, probes_before, HOSTS)
     outcomes = {"a-p0": {"done": True}, "a-d0": {"done": True},
                 "b-p0": {"done": False, "task": "Roll", "msg": "b-d1: 1 container(s) never answered\nmore"},
                 "b-d0": {"done": False, "task": "Roll", "msg": ""}}
@@ -554,7 +555,7 @@ def _failed_rollout(plan, probes_before):
 
 
 def test_the_report_after_a_failure_tells_each_containers_spec_leftovers_and_lost_hosts():
-    from pd_deploy import report
+    from pd_deploy.report import summary as report
     plan = fleet.plan_fleet(example_fleet())
     fresh = {h: {"containers": []} for h in HOSTS}
     targets, outcomes = _failed_rollout(plan, fresh)
@@ -584,9 +585,9 @@ def test_the_report_after_a_failure_tells_each_containers_spec_leftovers_and_los
 
 
 def test_a_cluster_the_failed_deploy_never_reached_says_so():
-    from pd_deploy import report
+    from pd_deploy.report import summary as report
     plan = fleet.plan_fleet(example_fleet())
-    targets = fleet.rollout_targets(plan, {h: {"containers": []} for h in HOSTS}, HOSTS)
+    targets = order.rollout_targets(plan, {h: {"containers": []} for h in HOSTS}, HOSTS)
     outcomes = {"a-p0": {"done": False, "task": "Take the deploy lock", "msg": "held by another run"}}
     lines = report.rollout_summary(plan, HOSTS, targets, outcomes=outcomes,
                                    probes={h: {"containers": []} for h in targets["hosts"]})
@@ -599,9 +600,9 @@ def test_a_cluster_the_failed_deploy_never_reached_says_so():
 def test_a_deploy_refused_by_another_runs_lock_reports_only_not_touched_held_by():
     """Issue 20: the refused cluster was reported "FAILED during its rollout" with the other run's
     leftover -previous, and the closing message asked to fix the cause."""
-    from pd_deploy import report
+    from pd_deploy.report import summary as report
     plan = fleet.plan_fleet(example_fleet())
-    targets = fleet.rollout_targets(plan, {h: {"containers": []} for h in HOSTS}, HOSTS)
+    targets = order.rollout_targets(plan, {h: {"containers": []} for h in HOSTS}, HOSTS)
     held = "sre@ctl-other, ansible-playbook pid 4242, started 2026-12-01T10:02:00Z"
     refused = {"done": False, "task": "Take the deploy lock of each cluster of this batch",
                "msg": "cluster cluster_b: its deploy lock ... held by another run", "locked": {"cluster_b": held}}
@@ -632,11 +633,11 @@ def test_a_deploy_refused_by_another_runs_lock_reports_only_not_touched_held_by(
 def test_after_a_failure_a_cluster_left_alone_is_reported_from_its_hosts_read_again():
     """Issue 20: after a daemon restart the untouched cluster was reported "unchanged (every container
     answered its health URL)" from the prechecks' reading while all its containers were stopped."""
-    from pd_deploy import report
+    from pd_deploy.report import summary as report
     plan = fleet.plan_fleet(example_fleet())
     before = converged_probes(plan)
     before["b-d0"]["containers"] = []  # only cluster_b changes; cluster_a is left alone
-    targets = fleet.rollout_targets(plan, before, HOSTS)
+    targets = order.rollout_targets(plan, before, HOSTS)
     assert targets["changed"] == ["cluster_b"]
     outcomes = {"b-p0": {"done": False, "task": "Roll", "msg": "Docker did not answer"}, "b-d0": {}, "b-d1": {}}
     after = converged_probes(plan)
@@ -659,9 +660,9 @@ def test_after_a_failure_a_cluster_left_alone_is_reported_from_its_hosts_read_ag
 
 
 def test_a_successful_or_dry_run_reads_nothing_again():
-    from pd_deploy import report
+    from pd_deploy.report import summary as report
     plan = fleet.plan_fleet(example_fleet())
-    targets = fleet.rollout_targets(plan, {h: {"containers": []} for h in HOSTS}, HOSTS)
+    targets = order.rollout_targets(plan, {h: {"containers": []} for h in HOSTS}, HOSTS)
     done = {h: {"done": True} for h in HOSTS}
     assert report.failed_hosts(targets, done) == []
     lines = report.rollout_summary(plan, HOSTS, targets, outcomes=done, probes={"a-p0": {"unreachable": True}})
@@ -687,9 +688,9 @@ def _on_images(probes, running, now):
 
 
 def test_a_moved_tag_rolls_nothing_and_warns_once_per_cluster():
-    from pd_deploy import report
+    from pd_deploy.report import summary as report
     plan = fleet.plan_fleet(example_fleet())
-    targets = fleet.rollout_targets(plan, _on_images(converged_probes(plan), OLD_ID, NEW_ID), HOSTS)
+    targets = order.rollout_targets(plan, _on_images(converged_probes(plan), OLD_ID, NEW_ID), HOSTS)
     # cluster_a runs nightly-main, which moved; cluster_b runs v0.25.1rc1, which did not
     assert targets["hosts"] == [] and targets["changed"] == [] and targets["pending"] == {}
     a_names = sorted(s["name"] for h in ("a-p0", "a-d0") for s in plan["hosts"][h]["specs"]) + \
@@ -707,11 +708,11 @@ def test_a_moved_tag_rolls_nothing_and_warns_once_per_cluster():
 
 
 def test_the_report_shows_the_image_a_started_container_is_started_from():
-    from pd_deploy import report
+    from pd_deploy.report import summary as report
     plan = fleet.plan_fleet(example_fleet())
     probes = _on_images(converged_probes(plan), OLD_ID, NEW_ID)
     probes["a-d0"]["containers"] = []
-    targets = fleet.rollout_targets(plan, probes, HOSTS)
+    targets = order.rollout_targets(plan, probes, HOSTS)
     # started now: the image the tag names; still running: the one it runs (and its tag moved)
     assert targets["images"]["a-d0"]["pd-cluster_a-decode0-dp0"] == NEW_ID
     assert targets["images"]["a-p0"]["pd-cluster_a-prefill0-dp0"] == OLD_ID
@@ -722,7 +723,7 @@ def test_the_report_shows_the_image_a_started_container_is_started_from():
 
 
 def test_the_report_after_a_failure_shows_the_image_each_container_runs_as_read_again():
-    from pd_deploy import report
+    from pd_deploy.report import summary as report
     plan = fleet.plan_fleet(example_fleet())
     targets, outcomes = _failed_rollout(plan, {h: {"containers": []} for h in HOSTS})
     after = _on_images(converged_probes(plan), OLD_ID, NEW_ID)
@@ -730,7 +731,7 @@ def test_the_report_after_a_failure_shows_the_image_each_container_runs_as_read_
     assert "  pd-cluster_b-decode0-dp0 on b-d0 port 8200: current launch spec, running, image 0a0a0a0a0a0a" in lines
 
 def _waves(plan, probes, cluster="cluster_b", role="decode"):
-    return fleet.rollout_waves(plan, cluster, role, probes)
+    return order.rollout_waves(plan, cluster, role, probes)
 
 
 def test_each_instance_is_listed_with_the_keys_its_proxy_uses():
@@ -860,27 +861,27 @@ def test_an_upgrade_of_one_instance_per_role_replaces_prefill_and_decode_in_one_
     ("25%", 4, 1), ("50%", 4, 2), ("100%", 4, 4), ("10%", 4, 1), ("60%", 5, 3), ("1%", 0, 1),
 ])
 def test_the_cluster_batch_is_a_count_or_a_share_of_the_clusters(value, clusters, want):
-    assert fleet.cluster_batch_size(value, clusters) == want
+    assert order.cluster_batch_size(value, clusters) == want
 
 
 @pytest.mark.parametrize("value", [0, "0", -1, "-1", "0%", "101%", "150%", "abc", "2.5", 2.5, True, "25 %", "%", [2]])
 def test_a_bad_cluster_batch_is_refused_with_the_fix(value):
     with pytest.raises(PdError) as err:
-        fleet.cluster_batch_size(value, 4)
+        order.cluster_batch_size(value, 4)
     text = str(err.value)
     assert "pd_cluster_batch" in text and repr(value) in text and "-e pd_cluster_batch=N" in text
 
 
 def test_the_playbook_check_gets_the_refusal_as_a_message():
-    assert fleet.cluster_batch_problem("25%") == "" and fleet.cluster_batch_problem(2) == ""
-    assert fleet.cluster_batch_problem("two").startswith("deploy-pd.yml: pd_cluster_batch: 'two' is neither")
-    assert "pd_parallel_clusters=true" in fleet.cluster_batch_problem("2", True)
+    assert order.cluster_batch_problem("25%") == "" and order.cluster_batch_problem(2) == ""
+    assert order.cluster_batch_problem("two").startswith("deploy-pd.yml: pd_cluster_batch: 'two' is neither")
+    assert "pd_parallel_clusters=true" in order.cluster_batch_problem("2", True)
 
 
 def test_a_cluster_batch_with_parallel_clusters_is_refused_and_parallel_alone_is_every_cluster():
-    assert fleet.cluster_batch_size(None, 3, parallel=True) == 3
+    assert order.cluster_batch_size(None, 3, parallel=True) == 3
     with pytest.raises(PdError) as err:
-        fleet.cluster_batch_size("2", 3, parallel=True)
+        order.cluster_batch_size("2", 3, parallel=True)
     assert "pd_parallel_clusters=true" in str(err.value) and "pd_cluster_batch=100%" in str(err.value)
 
 
@@ -888,18 +889,18 @@ def test_cluster_batches_group_whole_clusters_in_play_order():
     sizes = (("a", 2), ("b", 3), ("c", 1), ("d", 2), ("e", 1))
     hosts = {f"{c}-{i}": {"cluster": c} for c, n in sizes for i in range(n)}
     play = list(hosts)
-    assert fleet.rollout_batches(play, hosts) == [2, 3, 1, 2, 1]
-    assert fleet.rollout_batches(play, hosts, 2) == [5, 3, 1]
-    assert fleet.rollout_batches(play, hosts, 3) == [6, 3]
-    assert fleet.rollout_batches(play, hosts, 9) == [9]
+    assert order.rollout_batches(play, hosts) == [2, 3, 1, 2, 1]
+    assert order.rollout_batches(play, hosts, 2) == [5, 3, 1]
+    assert order.rollout_batches(play, hosts, 3) == [6, 3]
+    assert order.rollout_batches(play, hosts, 9) == [9]
     plan = fleet.plan_fleet(example_fleet())
     fresh = {h: {"containers": []} for h in HOSTS}
-    assert fleet.rollout_targets(plan, fresh, HOSTS, "2")["batches"] == [5]
-    assert fleet.rollout_targets(plan, fresh, HOSTS, "50%")["batches"] == [2, 3]
-    assert fleet.rollout_targets(plan, fresh, HOSTS, None, True)["batches"] == [5]
+    assert order.rollout_targets(plan, fresh, HOSTS, "2")["batches"] == [5]
+    assert order.rollout_targets(plan, fresh, HOSTS, "50%")["batches"] == [2, 3]
+    assert order.rollout_targets(plan, fresh, HOSTS, None, True)["batches"] == [5]
     # a bad value is refused even when nothing is to roll
     with pytest.raises(PdError):
-        fleet.rollout_targets(plan, converged_probes(plan), HOSTS, "0")
+        order.rollout_targets(plan, converged_probes(plan), HOSTS, "0")
 
 
 # ---- elastic P/D: the proxy is re-wired, not recreated ----------------------------------------
@@ -929,12 +930,12 @@ def test_scaling_out_starts_only_the_new_ranks_and_rewires_the_proxy():
     probes = converged_probes(before)
     proxy = before["clusters"]["cluster_b"]["proxy"]
     probes["b-p0"]["wiring"] = {proxy["name"]: proxy["backends"]}
-    targets = fleet.rollout_targets(after, probes, HOSTS)
+    targets = order.rollout_targets(after, probes, HOSTS)
     new = [r["name"] for r in after["clusters"]["cluster_b"]["instances"]["decode"][1]["ranks"]]
     assert targets["changed"] == ["cluster_b"]
     assert sorted(n for names in targets["pending"].values() for n in names) == sorted(new)
     assert targets["removed"] == {}
-    waves = fleet.rollout_waves(after, "cluster_b", "decode", probes)
+    waves = order.rollout_waves(after, "cluster_b", "decode", probes)
     assert waves == [dict(waves[0], names=new, drain=[])]  # only the new ranks, no drain
 
 
@@ -946,12 +947,12 @@ def test_scaling_in_removes_the_dropped_ranks_and_rewires_the_proxy():
             c.update(cluster=before["hosts"][host]["cluster"], host=host)
     proxy = before["clusters"]["cluster_b"]["proxy"]
     probes["b-p0"]["wiring"] = {proxy["name"]: proxy["backends"]}
-    targets = fleet.rollout_targets(after, probes, HOSTS)
+    targets = order.rollout_targets(after, probes, HOSTS)
     dropped = [r for r in before["clusters"]["cluster_b"]["instances"]["decode"][1]["ranks"]]
     assert targets["changed"] == ["cluster_b"] and targets["pending"] == {}
     assert sorted(n for names in targets["removed"].values() for n in names) == sorted(r["name"] for r in dropped)
     assert "cluster_a" in targets["unchanged"]
-    from pd_deploy import report
+    from pd_deploy.report import summary as report
     lines = report.rollout_summary(after, HOSTS, targets, outcomes={h: {"done": True} for h in targets["hosts"]})
     assert any(line.startswith(f"  removed {dropped[0]['name']} on ") for line in lines)
     assert any(line.endswith("re-wired live: its instances were added or removed") for line in lines)
@@ -963,14 +964,14 @@ def test_a_proxy_wired_as_planned_or_unreadable_is_no_change():
     proxy = plan["clusters"]["cluster_b"]["proxy"]
     for wiring in (proxy["backends"], {"error": "ConnectionRefusedError"}, None):
         probes["b-p0"]["wiring"] = {proxy["name"]: wiring} if wiring is not None else {}
-        assert fleet.rollout_targets(plan, probes, HOSTS)["changed"] == []
+        assert order.rollout_targets(plan, probes, HOSTS)["changed"] == []
     # listed in another order: still the same instances
     probes["b-p0"]["wiring"] = {proxy["name"]: {r: list(reversed(k)) for r, k in proxy["backends"].items()}}
-    assert fleet.rollout_targets(plan, probes, HOSTS)["changed"] == []
+    assert order.rollout_targets(plan, probes, HOSTS)["changed"] == []
 
 
 def test_only_this_hosts_dropped_ranks_are_orphans_not_kept_previous_or_baseline_containers():
-    from pd_deploy import containers
+    from pd_deploy.rollout import containers
     plan = _scaled(1)
     entry = plan["hosts"]["b-d0"]
     rank = entry["specs"][0]["name"]
@@ -990,5 +991,5 @@ def test_a_docker_daemon_that_lists_other_hosts_containers_finds_no_orphans():
     probes = converged_probes(plan)
     every = [dict(c, cluster=plan["hosts"][h]["cluster"], host=h) for h in probes for c in probes[h]["containers"]]
     shared = {h: {"containers": every} for h in probes}
-    targets = fleet.rollout_targets(plan, shared, HOSTS)
+    targets = order.rollout_targets(plan, shared, HOSTS)
     assert targets["changed"] == [] and targets["removed"] == {}

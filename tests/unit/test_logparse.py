@@ -6,9 +6,9 @@ from pathlib import Path
 import pytest
 from jinja2.nativetypes import NativeEnvironment
 
-from pd_deploy import logparse
-from pd_deploy.errors import PdError
-from pd_deploy.logparse import FAR_HIGH_FACTOR, footprint_at, judge_bytes_per_token, parse_startup_log, two_point_fit
+from pd_deploy.ops import logparse
+from pd_deploy.ops.logparse import FAR_HIGH_FACTOR, footprint_at, judge_bytes_per_token, parse_startup_log, two_point_fit
+from pd_deploy.shared.errors import PdError
 
 GiB = 1024**3
 MiB = 1024**2

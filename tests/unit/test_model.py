@@ -11,8 +11,8 @@ import os
 import pytest
 import yaml
 
-from pd_deploy import model
-from pd_deploy.errors import PdError
+from pd_deploy.plan import launch, model
+from pd_deploy.shared.errors import PdError
 
 GIB = 1024 ** 3
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -61,7 +61,7 @@ def plan(raw, hosts=None):
     specs = {}
     for inst in topo["instances"]:
         for rank in inst["ranks"]:
-            spec = model.rank_spec(cluster, inst, rank, topo["hosts"][rank["host"]])
+            spec = launch.rank_spec(cluster, inst, rank, topo["hosts"][rank["host"]])
             specs[spec["name"]] = spec
     return cluster, topo, problems, specs
 
@@ -415,12 +415,12 @@ def test_scaling_a_role_out_and_in_leaves_the_other_instances_launch_specs_uncha
     one, two = cluster_with(1), cluster_with(2)
     existing = f"pd-cluster_a-{role}0-dp0"
     assert f"pd-cluster_a-{role}1-dp0" in two and f"pd-cluster_a-{role}1-dp0" not in one
-    assert model.spec_hash(one[existing]) == model.spec_hash(two[existing])
+    assert launch.spec_hash(one[existing]) == launch.spec_hash(two[existing])
     assert one[existing]["pinned_offload_bytes"] == two[f"pd-cluster_a-{role}1-dp0"]["pinned_offload_bytes"] > 0
     # nor the other role's: no engine id is rendered (the engine makes one per process), so scaling
     # prefill no longer renumbers decode as upstream's tutorial numbering (prefill first) did
     other = "decode" if role == "prefill" else "prefill"
-    assert model.spec_hash(one[f"pd-cluster_a-{other}0-dp0"]) == model.spec_hash(two[f"pd-cluster_a-{other}0-dp0"])
+    assert launch.spec_hash(one[f"pd-cluster_a-{other}0-dp0"]) == launch.spec_hash(two[f"pd-cluster_a-{other}0-dp0"])
 
 
 def test_no_offload_means_no_offload_child_and_nothing_pinned():
@@ -643,7 +643,7 @@ def test_spec_hash_label_is_stable_across_renders():
     _, _, _, second = plan(article_raw())
     for name, spec in first.items():
         assert spec["labels"]["pd.spec-hash"] == second[name]["labels"]["pd.spec-hash"]
-        assert spec["labels"]["pd.spec-hash"] == model.spec_hash(spec)
+        assert spec["labels"]["pd.spec-hash"] == launch.spec_hash(spec)
     assert len({s["labels"]["pd.spec-hash"] for s in first.values()}) == len(first)
 
 
@@ -651,9 +651,9 @@ def test_spec_hash_ignores_key_order_and_labels():
     _, _, _, specs = plan(article_raw())
     spec = specs["pd-cluster_a-decode0-dp0"]
     reordered = dict(reversed(list(spec.items())))
-    assert model.spec_hash(reordered) == model.spec_hash(spec)
+    assert launch.spec_hash(reordered) == launch.spec_hash(spec)
     relabelled = dict(spec, labels={"anything": "else"})
-    assert model.spec_hash(relabelled) == model.spec_hash(spec)
+    assert launch.spec_hash(relabelled) == launch.spec_hash(spec)
 
 
 @pytest.mark.parametrize("change", [
@@ -673,7 +673,7 @@ def test_spec_hash_changes_when_any_field_changes(change):
     spec = specs["pd-cluster_a-decode0-dp0"]
     changed = copy.deepcopy(spec)
     change(changed)
-    assert model.spec_hash(changed) != model.spec_hash(spec)
+    assert launch.spec_hash(changed) != launch.spec_hash(spec)
 
 
 def test_inventory_change_restarts_only_the_ranks_it_touches():
@@ -694,7 +694,7 @@ def test_proxy_lists_every_prefill_and_decode_rank():
     raw = raw_cluster(name="cluster_b", decode={"dp": 4}, proxy={"port": 8010, "max_retries": 5})
     cluster = model.normalize("cluster_b", raw)
     topo, _ = model.topology(cluster, hosts)
-    spec = model.proxy_spec(cluster, topo)
+    spec = launch.proxy_spec(cluster, topo)
     cmd = spec["command"]
     p_hosts, p_ports = arg_list(cmd, "--prefiller-hosts"), arg_list(cmd, "--prefiller-ports")
     d_hosts, d_ports = arg_list(cmd, "--decoder-hosts"), arg_list(cmd, "--decoder-ports")
@@ -708,17 +708,17 @@ def test_proxy_lists_every_prefill_and_decode_rank():
     # default host: the first prefill host
     assert spec["host"] == "b-p0"
     assert spec["health_url"] == "http://127.0.0.1:8010/healthcheck"
-    assert spec["labels"]["pd.spec-hash"] == model.spec_hash(spec)
+    assert spec["labels"]["pd.spec-hash"] == launch.spec_hash(spec)
 
 
 def test_proxy_host_can_be_chosen_and_must_be_in_the_cluster():
     cluster = model.normalize("cluster_a", raw_cluster(proxy={"host": "a-d0"}))
     topo, _ = model.topology(cluster, two_hosts())
-    assert model.proxy_spec(cluster, topo)["host"] == "a-d0"
+    assert launch.proxy_spec(cluster, topo)["host"] == "a-d0"
     cluster = model.normalize("cluster_a", raw_cluster(proxy={"host": "elsewhere"}))
     topo, _ = model.topology(cluster, two_hosts())
     with pytest.raises(PdError) as info:
-        model.proxy_spec(cluster, topo)
+        launch.proxy_spec(cluster, topo)
     assert info.value.field == "proxy.host"
     assert "a-p0" in info.value.fix and "a-d0" in info.value.fix
 

@@ -2,10 +2,10 @@
 
 import pytest
 
-from pd_deploy import model
-from pd_deploy.errors import PdError
-from pd_deploy.logparse import FAR_HIGH_FACTOR, judge_bytes_per_token
 from pd_deploy.ops import common
+from pd_deploy.ops.logparse import FAR_HIGH_FACTOR, judge_bytes_per_token
+from pd_deploy.plan import model
+from pd_deploy.shared.errors import PdError
 
 DATA = common.models()
 

@@ -428,7 +428,7 @@ def test_pd_http_wait_refuses_a_check_without_url():
 ])
 def test_pd_host_probe_reads_the_npu_table_the_prechecks_judge(tmp_path, conf, chips, name, hbm_mb):
     """The probe runs `npu-smi info -l` and `npu-smi info`; the prechecks read count, chip and HBM."""
-    from pd_deploy import prechecks
+    from pd_deploy.hostcheck import prechecks
 
     fake = tmp_path / "npu-smi"
     shutil.copy(REPO / "tests" / "fixtures" / "ascend" / "npu-smi", fake)
@@ -479,7 +479,7 @@ def test_container_logs_read_every_name_in_one_run(monkeypatch):
     assert [e["status"] for e in out] == [200, 404, 0]
     assert out[1]["error"] == "Docker API answered HTTP 404" and "content" not in out[1]
     # the controller's filter de-frames the bodies and leaves out what could not be read
-    from pd_deploy import containers
+    from pd_deploy.rollout import containers
     assert containers.docker_logs(out) == {"a": "hello\n"}
 
 

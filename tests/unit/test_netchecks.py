@@ -13,8 +13,8 @@ from pathlib import Path
 import ansible.module_utils
 import pytest
 
-from pd_deploy import netchecks
-from pd_deploy.errors import PdError
+from pd_deploy.hostcheck import netchecks
+from pd_deploy.shared.errors import PdError
 
 REPO = Path(__file__).resolve().parents[2]
 TOOL = REPO / "tests" / "fixtures" / "ascend" / "hccn_tool"
@@ -280,6 +280,6 @@ class TestCluster:
 
 
 def test_filters_registered():
-    from pd_deploy import netchecks as nc
+    from pd_deploy.hostcheck import netchecks as nc
     assert set(nc.FILTERS) == {"pd_hccn_devices", "pd_hccn_problems", "pd_hccn_ping_targets",
                                "pd_hccn_ping_request", "pd_hccn_ping_problems"}

@@ -18,8 +18,9 @@ import pytest
 import yaml
 from jinja2.nativetypes import NativeEnvironment
 
-from pd_deploy import model, ops
+from pd_deploy import ops
 from pd_deploy.ops import baseline, capacity_report, common, diagnosis, monitoring
+from pd_deploy.plan import model
 from tests.fixtures.ops_inputs import CLUSTER, FIXED, LENGTHS, MARGINAL, PLAN, StandIn, answer_words, page, vllm_log
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

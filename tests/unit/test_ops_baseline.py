@@ -8,9 +8,10 @@ import copy
 
 import pytest
 
-from pd_deploy import containers, logparse
-from pd_deploy.errors import PdError
+from pd_deploy.ops import logparse
 from pd_deploy.ops import baseline, common
+from pd_deploy.rollout import containers
+from pd_deploy.shared.errors import PdError
 from tests.fixtures.ops_inputs import CLUSTER, FIXED, GIB, LENGTHS, MARGINAL, P99, PLAN, plan_of, vllm_log
 
 

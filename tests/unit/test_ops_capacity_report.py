@@ -10,9 +10,9 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from pd_deploy import capacity, model
-from pd_deploy.errors import PdError
 from pd_deploy.ops import baseline, capacity_report, common
+from pd_deploy.plan import capacity, model
+from pd_deploy.shared.errors import PdError
 from tests.fixtures.ops_inputs import CLUSTER, FIXED, GIB, LENGTHS, MARGINAL, P99, PLAN, plan_of, vllm_log
 
 

@@ -9,9 +9,9 @@ import copy
 
 import pytest
 
-from pd_deploy import capacity
-from pd_deploy.errors import PdError
 from pd_deploy.ops import diagnosis
+from pd_deploy.plan import capacity
+from pd_deploy.shared.errors import PdError
 from tests.fixtures.ops_inputs import CLUSTER, D_SEQS, NORM, P99, PLAN, StandIn, page
 from tests.fixtures.real_metrics import PAGES, by_source, real_page
 

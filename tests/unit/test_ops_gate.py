@@ -4,8 +4,8 @@ import copy
 
 import pytest
 
-from pd_deploy.errors import PdError
 from pd_deploy.ops import gate
+from pd_deploy.shared.errors import PdError
 
 
 def test_token_gate_with_one_changed_token_fails_at_its_position():

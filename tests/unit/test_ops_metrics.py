@@ -6,8 +6,8 @@ metrics values served, the cluster configuration), never copied from the code's 
 
 import pytest
 
-from pd_deploy.errors import PdError
 from pd_deploy.ops import metrics
+from pd_deploy.shared.errors import PdError
 from tests.fixtures.ops_inputs import page
 from tests.fixtures.real_metrics import PAGES, by_source, real_page
 

@@ -8,8 +8,8 @@ import copy
 
 import pytest
 
-from pd_deploy.errors import PdError
 from pd_deploy.ops import tuning
+from pd_deploy.shared.errors import PdError
 from tests.fixtures.ops_inputs import CLUSTER, D_SEQS, GIB, PLAN
 
 

@@ -14,7 +14,9 @@ import os
 import pytest
 import yaml
 
-from pd_deploy import datafiles, fleet, guards, model
+from pd_deploy.plan import fleet, launch, model
+from pd_deploy.shared import datafiles
+from pd_deploy.validate import guards
 from test_fleet import cluster_a, example_fleet
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -115,9 +117,9 @@ def render(f):
     for name, (raw, hosts) in fleet._group_hosts(f, problems, incomplete).items():
         cluster = model.normalize(name, raw)
         topo, _ = model.topology(cluster, hosts)
-        specs += [model.rank_spec(cluster, inst, rank, topo["hosts"][rank["host"]])
+        specs += [launch.rank_spec(cluster, inst, rank, topo["hosts"][rank["host"]])
                   for inst in topo["instances"] for rank in inst["ranks"]]
-        specs.append(model.proxy_spec(cluster, topo))
+        specs.append(launch.proxy_spec(cluster, topo))
     assert [p for p in problems if p["level"] == "error"] == [] and not incomplete
     return specs
 

@@ -1,5 +1,5 @@
 """pd_plan's judgement of the plan in one controller task (action_plugins/pd_plan_check.py) and the
-inventory's refusal and name (pd_deploy.report.inventory_problem / inventory_note).
+inventory's refusal and name (pd_deploy.report.summary.inventory_problem / inventory_note).
 
 issue 24: a no-op re-run paid six pd_plan tasks and two validate plays (each task a worker process,
 about 0.2 s even when skipped). The texts are the ones validate.yml's tasks printed, word for word.
@@ -15,7 +15,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pd_deploy import fleet, report
+from pd_deploy.plan import fleet
+from pd_deploy.report import summary as report
+from pd_deploy.rollout import order
 from test_fleet import cluster_a, example_fleet
 
 REPO = Path(__file__).resolve().parents[2]
@@ -122,7 +124,7 @@ def test_render_specs_and_the_files_of_the_last_run(tmp_path):
 def test_a_bad_rollout_batch_is_refused_after_the_plan_checks_and_before_any_file(tmp_path):
     plan = fleet.plan_fleet(example_fleet())
     out = action.check(plan, INV, 5, build_dir=str(tmp_path), write=never, cluster_batch="0")
-    assert out["failed"] and out["msg"] == fleet.cluster_batch_problem("0")
+    assert out["failed"] and out["msg"] == order.cluster_batch_problem("0")
     assert "pd_cluster_batch: '0' is neither a number of clusters" in out["msg"] and "-e pd_cluster_batch=N" in out["msg"]
     assert action.check(plan, INV, 5, build_dir=str(tmp_path), write=never, cluster_batch=1,
                         parallel_clusters=True)["failed"]

@@ -6,14 +6,16 @@ reference), never read from pd_deploy/data/ports.yml.
 
 import pytest
 
-from pd_deploy import datafiles, model, ports, rules, versions
-from pd_deploy.errors import PdError
+from pd_deploy.plan import launch, model, ports, versions
+from pd_deploy.shared import datafiles
+from pd_deploy.shared.errors import PdError
+from pd_deploy.validate import rules
 
 
 def plan(raw, hosts):
     cluster = model.normalize(raw["name"], raw)
     topo, problems = model.topology(cluster, hosts)
-    specs = {r["container"]: model.rank_spec(cluster, i, r, topo["hosts"][r["host"]])
+    specs = {r["container"]: launch.rank_spec(cluster, i, r, topo["hosts"][r["host"]])
              for i in topo["instances"] for r in i["ranks"]}
     return cluster, topo, problems, specs
 

@@ -25,7 +25,7 @@ import re
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pd_deploy import fleet
+from pd_deploy.plan import fleet
 
 TRANSPORT_BASE, TRANSPORT_STRIDE = 20000, 100
 RPC_WINDOW = (15000, 17000)

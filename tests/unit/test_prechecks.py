@@ -9,7 +9,8 @@ import copy
 
 import pytest
 
-from pd_deploy import model, prechecks
+from pd_deploy.hostcheck import prechecks
+from pd_deploy.plan import launch, model
 
 GIB = 1024 ** 3
 KIB = 1024
@@ -28,7 +29,7 @@ def decode_specs():
     hosts = [model.host_record("a-p0", "prefill", dict(facts, pd_host_address="10.0.0.11")),
              model.host_record(HOST, "decode", dict(facts, pd_host_address="10.0.0.12"))]
     topo, _ = model.topology(cluster, hosts)
-    return [model.rank_spec(cluster, inst, rank, topo["hosts"][rank["host"]])
+    return [launch.rank_spec(cluster, inst, rank, topo["hosts"][rank["host"]])
             for inst in topo["instances"] for rank in inst["ranks"] if rank["host"] == HOST]
 
 

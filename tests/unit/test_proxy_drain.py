@@ -365,7 +365,7 @@ def test_the_next_alias_is_the_first_spelling_not_listed_so_repeated_rolls_never
 
 
 def test_what_the_proxy_serves_is_read_by_endpoint_and_a_tainted_alias_does_not_count(tmp_path):
-    from pd_deploy.containers import wiring_differs
+    from pd_deploy.rollout.containers import wiring_differs
     want = {"prefill": ["10.0.0.1:8100"], "decode": ["10.0.0.2:8200", "10.0.0.3:8200"]}
     listed_now = {"prefill": ["10.0.0.1:8100"], "decode": ["10.0.0.2:8200", "10.0.0.3:8200", "0xa.0.0.2:8200"]}
     path = str(tmp_path / "p.serving.json")
@@ -411,10 +411,10 @@ def _proxy_through_its_command(spec, tmp_path, args_file, port):
     import subprocess
     import sys
     from tests.fixtures.standin_procs import PROXY, Server
-    from pd_deploy import model
+    from pd_deploy.plan import launch
     cmd = list(spec["command"])
-    assert cmd[:2] == ["/bin/sh", "-c"] and cmd[2] == model.PROXY_SHELL
-    cmd[2] = cmd[2].replace(model.PROXY_BACKENDS_FILE, str(args_file)).replace("python3", sys.executable)
+    assert cmd[:2] == ["/bin/sh", "-c"] and cmd[2] == launch.PROXY_SHELL
+    cmd[2] = cmd[2].replace(launch.PROXY_BACKENDS_FILE, str(args_file)).replace("python3", sys.executable)
     cmd[3] = str(PROXY)
     cmd[cmd.index("--port") + 1] = str(port)
     cmd[cmd.index("--host") + 1] = "127.0.0.1"
@@ -427,12 +427,12 @@ def _proxy_through_its_command(spec, tmp_path, args_file, port):
 
 
 def test_a_restarted_proxy_serves_the_backends_file_not_its_launch_time_lists(tmp_path):
-    from pd_deploy import model
+    from pd_deploy.plan import launch
     from tests.fixtures.standin_procs import free_port
-    launch = {"prefill": [{"address": "127.0.0.1", "port": 8100}], "decode": [{"address": "127.0.0.1", "port": 8200}]}
-    plan = {"prefill": launch["prefill"], "decode": launch["decode"] + [{"address": "127.0.0.1", "port": 8201}]}
-    spec = {"command": ["/bin/sh", "-c", model.PROXY_SHELL, "script.py", "--host", "0.0.0.0", "--port", "1",
-                        *model.backends_args(launch).split(), "--max-retries", "3"]}
+    at_launch = {"prefill": [{"address": "127.0.0.1", "port": 8100}], "decode": [{"address": "127.0.0.1", "port": 8200}]}
+    plan = {"prefill": at_launch["prefill"], "decode": at_launch["decode"] + [{"address": "127.0.0.1", "port": 8201}]}
+    spec = {"command": ["/bin/sh", "-c", launch.PROXY_SHELL, "script.py", "--host", "0.0.0.0", "--port", "1",
+                        *launch.backends_args(at_launch).split(), "--max-retries", "3"]}
     args_file = tmp_path / "backends.args"
     # no file yet (a proxy just created): its launch-time lists
     first = _proxy_through_its_command(spec, tmp_path, args_file, free_port())
@@ -441,7 +441,7 @@ def test_a_restarted_proxy_serves_the_backends_file_not_its_launch_time_lists(tm
     finally:
         first.stop()
     # the deploy wrote the plan after a scale-out; Docker restarts the proxy: it serves the plan
-    args_file.write_text(model.backends_args(plan))
+    args_file.write_text(launch.backends_args(plan))
     again = _proxy_through_its_command(spec, tmp_path, args_file, free_port())
     try:
         assert pd_drain.listed_instances(again.url) == {"prefill": ["127.0.0.1:8100"],
@@ -451,7 +451,7 @@ def test_a_restarted_proxy_serves_the_backends_file_not_its_launch_time_lists(tm
 
 
 def test_the_proxy_spec_keeps_its_hash_when_instances_change_and_carries_the_plans_lists():
-    from pd_deploy import fleet
+    from pd_deploy.plan import fleet
     from tests.unit.test_fleet import cluster_b, example_fleet
     before = fleet.plan_fleet(example_fleet())["clusters"]["cluster_b"]["proxy"]
     b = cluster_b()
@@ -472,7 +472,7 @@ def test_the_probe_reads_an_instance_listed_under_an_alias_as_its_planned_key(pd
     # pd_host_probe's wiring (what a re-run compares with the plan to find a no-op): by endpoint, with
     # the proxy host's record of the serving key
     import importlib.util
-    from pd_deploy.containers import wiring_differs
+    from pd_deploy.rollout.containers import wiring_differs
     spec = importlib.util.spec_from_file_location("pd_host_probe", REPO / "library" / "pd_host_probe.py")
     probe = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(probe)

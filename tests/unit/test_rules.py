@@ -9,8 +9,9 @@ import json
 
 import pytest
 
-from pd_deploy import connectors, model, ports, rules, versions
-from pd_deploy.errors import PdError
+from pd_deploy.plan import connectors, model, ports, versions
+from pd_deploy.shared.errors import PdError
+from pd_deploy.validate import rules
 
 GIB = 1024 ** 3
 

@@ -17,8 +17,9 @@ from http.server import ThreadingHTTPServer
 
 import pytest
 
-from pd_deploy import fleet, model, secrets
-from pd_deploy.errors import PdError
+from pd_deploy.plan import fleet, launch
+from pd_deploy.shared.errors import PdError
+from pd_deploy.validate import secrets
 from test_filters_registration import PLUGIN
 from test_fleet import cluster_a, example_fleet, member
 from tests.fixtures.ops_inputs import _Pages
@@ -90,7 +91,7 @@ def test_the_spec_hash_changes_with_the_key_and_only_with_it():
         assert len({none[name], one[name], other[name]}) == 3, name
     # the label is the hash of the spec as written (what the container role compares)
     for spec in all_specs(fleet.plan_fleet(keyed_fleet()), "cluster_a"):
-        assert spec["labels"]["pd.spec-hash"] == model.spec_hash(spec)
+        assert spec["labels"]["pd.spec-hash"] == launch.spec_hash(spec)
 
 
 def test_redaction_is_stable_and_differs_per_key():

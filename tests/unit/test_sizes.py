@@ -6,9 +6,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 from jinja2.nativetypes import NativeEnvironment
 
-from pd_deploy import sizes
-from pd_deploy.errors import PdError
-from pd_deploy.sizes import check_int, check_number, parse_size, split_per_rank, to_bytes, to_human
+from pd_deploy.shared import sizes
+from pd_deploy.shared.errors import PdError
+from pd_deploy.shared.sizes import check_int, check_number, parse_size, split_per_rank, to_bytes, to_human
 
 GiB = 1024**3
 MiB = 1024**2

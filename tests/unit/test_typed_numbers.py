@@ -7,7 +7,8 @@ true, and never in the code's own names.
 
 import pytest
 
-from pd_deploy import fleet, model, rules
+from pd_deploy.plan import fleet, model
+from pd_deploy.validate import rules
 from test_fleet import cluster_a, example_fleet
 
 INTERNAL = ("pd_recompute_child", "pd_offloading_child", "pd_kv_transfer_config", "cpu_bytes_to_use",
@@ -183,7 +184,7 @@ class _Undecryptable:
      "the vault password given does not decrypt it", "the password it was encrypted with"),
 ])
 def test_a_missing_and_a_wrong_vault_password_get_different_hints(said, problem, fix):
-    from pd_deploy import secrets
+    from pd_deploy.validate import secrets
 
     fact = secrets.host_key_fact(_Undecryptable(said))
     assert problem in fact["problem"] and "/inv/group_vars/cluster_a.yml:52:13" in fact["problem"], fact

@@ -22,7 +22,7 @@ import re
 import pytest
 import yaml
 
-from pd_deploy import model
+from pd_deploy.plan import launch, model
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 FIXTURES = sorted(glob.glob(os.path.join(REPO, "tests", "fixtures", "upstream", "*.yml")))
@@ -101,7 +101,7 @@ def rendered(fx):
     for inst in topo["instances"]:
         if inst["index"] == 0:
             rank = inst["ranks"][0]
-            out[inst["role"]] = model.rank_spec(cluster, inst, rank, topo["hosts"][rank["host"]])
+            out[inst["role"]] = launch.rank_spec(cluster, inst, rank, topo["hosts"][rank["host"]])
     return out
 
 
@@ -245,6 +245,6 @@ def test_the_recipe_is_what_closes_the_gap():
     cluster = model.normalize("upstream", raw)
     topo, _ = model.topology(cluster, hosts)
     inst = next(i for i in topo["instances"] if i["role"] == "decode")
-    cmd = model.rank_spec(cluster, inst, inst["ranks"][0], topo["hosts"][inst["ranks"][0]["host"]])["command"]
+    cmd = launch.rank_spec(cluster, inst, inst["ranks"][0], topo["hosts"][inst["ranks"][0]["host"]])["command"]
     for flag in ("--tokenizer-mode", "--enable-expert-parallel", "--quantization", "--compilation-config"):
         assert flag in values(fx["roles"]["decode"]["flags"]) and flag not in cmd

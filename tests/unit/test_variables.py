@@ -7,7 +7,7 @@ import os
 
 import yaml
 
-from pd_deploy import inventory
+from pd_deploy.validate import inventory
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -28,9 +28,9 @@ def test_every_public_play_variable_is_known():
 
 def test_every_documented_variable_is_used_somewhere():
     text = ""
-    for pattern in ("playbooks/*.yml", "roles/*/*/*.yml", "pd_deploy/*.py", "inventories/*/hosts.yml",
+    for pattern in ("playbooks/*.yml", "roles/*/*/*.yml", "pd_deploy/**/*.py", "inventories/*/hosts.yml",
                     "action_plugins/*.py"):
-        for path in glob.glob(os.path.join(REPO, pattern)):
+        for path in glob.glob(os.path.join(REPO, pattern), recursive=True):
             with open(path, encoding="utf-8") as handle:
                 text += handle.read()
     unused = [name for name in inventory.documented_variables() if name not in text]

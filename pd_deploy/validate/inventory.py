@@ -17,8 +17,9 @@ import os
 
 import yaml
 
-from pd_deploy import datafiles, sizes
-from pd_deploy.errors import PdError
+from ..shared import datafiles, sizes
+from ..shared.errors import PdError
+from .violation import violation
 
 #: Host facts the model reads (schemas/host.schema.json describes each).
 HOST_FACTS = ("pd_host_address", "pd_npus", "pd_npu_first", "pd_hbm_per_npu", "pd_npu_chip", "pd_host_ram",
@@ -44,11 +45,8 @@ CONTROLLER_PATH_VARS = ("pd_plan_build_dir", "pd_ops_reports_dir", "pd_baseline_
                         "pd_tune_reports_dir", "pd_gate_prompts_file", "pd_image_archive", "pd_log_dir",
                         "pd_monitoring_dir")
 
-_ROLES_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "roles")
-
-
-def _v(level, where, field, message, fix):
-    return {"level": level, "where": where, "field": field, "message": message, "fix": fix}
+# this file is pd_deploy/validate/inventory.py: roles/ is in the repository, three levels up
+_ROLES_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "roles")
 
 
 def documented_variables():
@@ -94,9 +92,9 @@ def unknown_keys(hosts_keys, known):
         host = ", ".join(names) if len(names) <= 3 else f"{names[0]} and {len(names) - 1} other hosts"
         close = sorted(k for k in known if _close(key, k))
         hint = f"did you mean {' or '.join(close[:3])}? " if close else ""
-        out.append(_v("error", host, key, f"unknown variable {key!r}: no role, host fact or playbook switch reads it",
-                      f"{hint}remove or rename it (host facts: schemas/host.schema.json; switches: "
-                      "pd_deploy/data/variables.yml; role variables: roles/*/defaults/main.yml)"))
+        out.append(violation("error", host, key, f"unknown variable {key!r}: no role, host fact or playbook switch reads it",
+                             f"{hint}remove or rename it (host facts: schemas/host.schema.json; switches: "
+                             "pd_deploy/data/variables.yml; role variables: roles/*/defaults/main.yml)"))
     return out
 
 
@@ -140,31 +138,31 @@ def fact_violations(name, hv):
     try:
         address = host_address(name, hv)
     except PdError as exc:
-        out.append(_v("error", exc.where, exc.field, exc.problem, exc.fix))
+        out.append(violation("error", exc.where, exc.field, exc.problem, exc.fix))
     else:
         if ":" in address:
             # vllm-ascend's proxy splits each instance of /instances/add|remove at ":" into exactly two parts
             # (parse_server_addresses, v0.23.0 .. main 182b75ea84): an IPv6 instance gets HTTP 500
-            out.append(_v("warning", name, "pd_host_address" if hv.get("pd_host_address") is not None else "ansible_host",
-                          f"{address} is an IPv6 address: the proxy takes it on its command line, but cannot add or "
-                          "remove it while it runs, so rolling updates cannot drain these ranks and a scale-out "
-                          "cannot add them without recreating the proxy",
-                          "set pd_host_address: <IPv4 address of the NIC> (docs/guide/deploy.md, Downtime of a rollout)"))
+            out.append(violation("warning", name, "pd_host_address" if hv.get("pd_host_address") is not None else "ansible_host",
+                                 f"{address} is an IPv6 address: the proxy takes it on its command line, but cannot add or "
+                                 "remove it while it runs, so rolling updates cannot drain these ranks and a scale-out "
+                                 "cannot add them without recreating the proxy",
+                                 "set pd_host_address: <IPv4 address of the NIC> (docs/guide/deploy.md, Downtime of a rollout)"))
     for field, what, fix in REQUIRED:
         if hv.get(field) is None:
-            out.append(_v("error", name, field, f"missing: {what} has no default", fix))
+            out.append(violation("error", name, field, f"missing: {what} has no default", fix))
     for field in ("pd_hbm_per_npu", "pd_host_ram"):
         try:
             zero = hv.get(field) is not None and sizes.to_bytes(hv[field], field=field, where=name) == 0
         except PdError:
             zero = False  # the shape check names the bad value
         if zero:
-            out.append(_v("error", name, field, "is 0: no capacity can be planned with it",
-                          f"set {field} to the host's real value (e.g. 64GiB HBM per 910B3 NPU)"))
+            out.append(violation("error", name, field, "is 0: no capacity can be planned with it",
+                                 f"set {field} to the host's real value (e.g. 64GiB HBM per 910B3 NPU)"))
     root = hv.get("pd_ascend_root")
     if isinstance(root, str) and root and not root.startswith("/"):
-        out.append(_v("error", name, "pd_ascend_root", f"{root!r} is a relative path (Docker would resolve it "
-                      "against its own working directory)", "write an absolute path, or leave it empty for /"))
+        out.append(violation("error", name, "pd_ascend_root", f"{root!r} is a relative path (Docker would resolve it "
+                             "against its own working directory)", "write an absolute path, or leave it empty for /"))
     return out
 
 
@@ -176,9 +174,9 @@ def path_violations(name, hv):
         if value is None:
             continue
         if not isinstance(value, str) or not value.startswith("/"):
-            out.append(_v("error", name, field, f"{value!r} is not an absolute path: on the host it resolves "
-                          "against the remote user's directory, so runs as another user see another one",
-                          f"write an absolute path (e.g. {_PATH_EXAMPLES.get(field, '/var/lib/pd-deploy')})"))
+            out.append(violation("error", name, field, f"{value!r} is not an absolute path: on the host it resolves "
+                                 "against the remote user's directory, so runs as another user see another one",
+                                 f"write an absolute path (e.g. {_PATH_EXAMPLES.get(field, '/var/lib/pd-deploy')})"))
     return out
 
 
@@ -212,20 +210,20 @@ def machine_violations(hosts, specs):
             for b in members[i + 1:]:
                 shared = sorted(a_devs & set(range(b["npu_first"], b["npu_first"] + b["npus"])))
                 if shared:
-                    out.append(_v("error", b["name"], "pd_npu_first",
-                                  f"{a['name']} and {b['name']} are one machine ({machine}) and both claim NPU(s) "
-                                  f"{_ranges(shared)}",
-                                  "list each machine once, or give the entries disjoint NPUs (pd_npu_first / "
-                                  "pd_npus), or set pd_machine if they really are different machines"))
+                    out.append(violation("error", b["name"], "pd_npu_first",
+                                         f"{a['name']} and {b['name']} are one machine ({machine}) and both claim NPU(s) "
+                                         f"{_ranges(shared)}",
+                                         "list each machine once, or give the entries disjoint NPUs (pd_npu_first / "
+                                         "pd_npus), or set pd_machine if they really are different machines"))
         total = sum(pinned.get(h["name"], 0) for h in members)
         ram = min(h["ram_bytes"] for h in members)
         reserve = max(h["ram_reserve_bytes"] for h in members)
         if total and total + reserve > ram:
-            out.append(_v("error", members[0]["name"], "pd_host_ram",
-                          f"{names} are one machine ({machine}): their containers pin {sizes.to_human(total)} of "
-                          f"offload together, plus pd_host_ram_reserve {sizes.to_human(reserve)}, above its RAM "
-                          f"{sizes.to_human(ram)}",
-                          "lower cpu_offload of the roles sharing the machine, or list the machine once"))
+            out.append(violation("error", members[0]["name"], "pd_host_ram",
+                                 f"{names} are one machine ({machine}): their containers pin {sizes.to_human(total)} of "
+                                 f"offload together, plus pd_host_ram_reserve {sizes.to_human(reserve)}, above its RAM "
+                                 f"{sizes.to_human(ram)}",
+                                 "lower cpu_offload of the roles sharing the machine, or list the machine once"))
     return out
 
 

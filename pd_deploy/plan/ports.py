@@ -17,8 +17,9 @@ are pure; nothing is kept between calls.
 
 import re
 
-from pd_deploy import datafiles
-from pd_deploy.errors import PdError
+from ..shared import datafiles
+from ..shared.errors import PdError
+from ..validate.violation import error
 
 _VERSION_RE = re.compile(r"^v?(\d+)\.(\d+)\.(\d+)(?:\.post(\d+))?$")
 ROLES = ("prefill", "decode")
@@ -234,10 +235,6 @@ def _span(lo, hi):
     return str(lo) if lo == hi else f"{lo}..{hi}"
 
 
-def _v(where, field, message, fix):
-    return {"level": "error", "where": where, "field": field, "message": message, "fix": fix}
-
-
 def _move_fix(claim, other):
     if claim["kind"] == "hccl":
         return (f"move the HCCL window out of {_span(other['lo'], other['hi'])}: set "
@@ -281,13 +278,13 @@ def _range_problems(claim, hccl, top):
         fix = {"hccl": f"lower {claim['field']} (at most {hccl['if_base_port_max']})",
                "mooncake_transport": f"lower {claim['field']} or unset it (default 20000)"}.get(
             claim["kind"], f"lower {claim['field']} so its ports end at {top} or below")
-        out.append(_v(claim["where"], claim["field"],
-                      f"ports {_span(claim['lo'], claim['hi'])} of {claim['label']} go past {top}", fix))
+        out.append(error(claim["where"], claim["field"],
+                         f"ports {_span(claim['lo'], claim['hi'])} of {claim['label']} go past {top}", fix))
     if claim["kind"] == "hccl" and not hccl["if_base_port_min"] <= claim["lo"] <= hccl["if_base_port_max"]:
-        out.append(_v(claim["where"], claim["field"],
-                      f"HCCL_IF_BASE_PORT {claim['lo']} is outside {hccl['if_base_port_min']}.."
-                      f"{hccl['if_base_port_max']}, the values HCCL accepts",
-                      f"set {claim['field']} between {hccl['if_base_port_min']} and {hccl['if_base_port_max']}"))
+        out.append(error(claim["where"], claim["field"],
+                         f"HCCL_IF_BASE_PORT {claim['lo']} is outside {hccl['if_base_port_min']}.."
+                         f"{hccl['if_base_port_max']}, the values HCCL accepts",
+                         f"set {claim['field']} between {hccl['if_base_port_min']} and {hccl['if_base_port_max']}"))
     return out
 
 
@@ -305,18 +302,18 @@ def _pair(addr, a, b, mirror=False):
     if a["kind"] == "hccl" and b["kind"] == "hccl":
         if a["owner"] == b["owner"] or mirror:
             return []
-        return [_v(b["where"], b["field"],
-                   f"HCCL window {_span(b['lo'], b['hi'])} of {b['label']} overlaps the one of {a['label']} "
-                   f"({'cluster ' + a['owner'][0] + ', ' if a['owner'][0] != b['owner'][0] else ''}"
-                   f"{_span(a['lo'], a['hi'])}) on {addr}",
-                   f"give each instance on a shared host its own 32-port HCCL window: set {b['field']} "
-                   f"to {a['hi'] + 1} or another free base")]
+        return [error(b["where"], b["field"],
+                      f"HCCL window {_span(b['lo'], b['hi'])} of {b['label']} overlaps the one of {a['label']} "
+                      f"({'cluster ' + a['owner'][0] + ', ' if a['owner'][0] != b['owner'][0] else ''}"
+                      f"{_span(a['lo'], a['hi'])}) on {addr}",
+                      f"give each instance on a shared host its own 32-port HCCL window: set {b['field']} "
+                      f"to {a['hi'] + 1} or another free base")]
     if a["kind"] in RENDERED or (a["kind"] == "hccl" and b["kind"].startswith("mooncake")):
-        return [_v(a["where"], a["field"],
-                   f"port(s) {_span(a['lo'], a['hi'])} of {a['label']} lie in {b['label']} "
-                   f"{_span(b['lo'], b['hi'])} on {addr}, which it draws from at random "
-                   "('Address already in use' at start-up)",
-                   _move_fix(a, b))]
+        return [error(a["where"], a["field"],
+                      f"port(s) {_span(a['lo'], a['hi'])} of {a['label']} lie in {b['label']} "
+                      f"{_span(b['lo'], b['hi'])} on {addr}, which it draws from at random "
+                      "('Address already in use' at start-up)",
+                      _move_fix(a, b))]
     return []
 
 
@@ -333,10 +330,10 @@ def _kv_above(addr, group, across_clusters_only):
         low, high = min(w["lo"] for w in pool), max(w["hi"] for w in pool)
         if kv["lo"] > high or (across_clusters_only and own and kv["lo"] <= max(own)):
             continue
-        out.append(_v(kv["where"], kv["field"],
-                      f"kv ports {_span(kv['lo'], kv['hi'])} are not above {pool[0]['label']} "
-                      f"{_span(low, high)} of the NPUs in use on {addr} (Mooncake draws from it at "
-                      "random, top port included; vllm-ascend asks for kv_port above it)",
-                      f"set {kv['field']} >= {high + 1}"))
+        out.append(error(kv["where"], kv["field"],
+                         f"kv ports {_span(kv['lo'], kv['hi'])} are not above {pool[0]['label']} "
+                         f"{_span(low, high)} of the NPUs in use on {addr} (Mooncake draws from it at "
+                         "random, top port included; vllm-ascend asks for kv_port above it)",
+                         f"set {kv['field']} >= {high + 1}"))
     return out
 

@@ -12,6 +12,8 @@
 
 import unicodedata
 
+from ..validate.violation import violation
+
 #: Unicode categories refused in strings: control, format, line separator, paragraph separator
 UNSAFE_CATEGORIES = ("Cc", "Cf", "Zl", "Zp")
 
@@ -73,7 +75,7 @@ def string_violations(value, where, prefix, level="error"):
 
 
 def _violation(level, where, field, head, chars):
-    return {"level": level, "where": where, "field": field,
-            "message": f"{head} {_what(chars)}, which breaks the argv, env file, label or path it reaches "
-                       "(or prints like another name)",
-            "fix": "retype the value without it (look for a pasted line break or an invisible character)"}
+    return violation(level, where, field,
+                     f"{head} {_what(chars)}, which breaks the argv, env file, label or path it reaches "
+                     "(or prints like another name)",
+                     "retype the value without it (look for a pasted line break or an invisible character)")

@@ -25,8 +25,8 @@ import re
 from collections.abc import Mapping
 from fractions import Fraction
 
-from pd_deploy.errors import PdError
-from pd_deploy.sizes import check_int, check_number, parse_size
+from ..shared.errors import PdError
+from ..shared.sizes import check_int, check_number, parse_size
 
 #: A value this many times the band's maximum is "far_high" (article: "several times or an order
 #: of magnitude larger" means compression is off or a connector misbehaves).

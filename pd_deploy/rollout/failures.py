@@ -7,8 +7,8 @@ and matches log text against it. ``scan_logs`` is what the post-deploy task call
 
 import re
 
-from pd_deploy.datafiles import yaml_data
-from pd_deploy.errors import PdError
+from ..shared.datafiles import yaml_data
+from ..shared.errors import PdError
 
 SEVERITIES = ("fail", "warn")
 _KEYS = ("id", "pattern", "severity", "source", "fix")

@@ -11,7 +11,9 @@
 import ipaddress
 import re
 
-from pd_deploy import datafiles, model, text
+from ..plan import model
+from ..shared import datafiles, text
+from .violation import violation
 
 # Docker image reference (distribution/reference grammar: [registry[:port]/]path[:tag][@digest];
 # path components lowercase; tag up to 128 word characters, dots and dashes).
@@ -34,10 +36,6 @@ SHORT_FLAGS["-cc"] = "--compilation-config"
 def owned_keys():
     """pd_deploy/data/owned_keys.yml: every rendered flag, env variable and JSON key with its owner."""
     return datafiles.yaml_data("owned_keys.yml")
-
-
-def _v(level, where, field, message, fix):
-    return {"level": level, "where": where, "field": field, "message": message, "fix": fix}
 
 
 def _flag_name(arg):
@@ -119,17 +117,17 @@ def owned_violations(cluster):
             key = owner(json_keys.get(flag, {}).get(path) or argv[flag])
             what = f"{flag}.{path}" if path else flag
             said = text.shown(arg) if arg.split("=", 1)[0] == what else f"{text.shown(arg)} (that is {what})"
-            out.append(_v("error", where, f"{role}.engine.extra_args",
-                          f"{said} repeats what pd-deploy renders from {key} (two values: vLLM "
-                          "keeps the last, the checks saw the first)",
-                          f"remove it from {role}.engine.extra_args and set {key} instead"))
+            out.append(violation("error", where, f"{role}.engine.extra_args",
+                                 f"{said} repeats what pd-deploy renders from {key} (two values: vLLM "
+                                 "keeps the last, the checks saw the first)",
+                                 f"remove it from {role}.engine.extra_args and set {key} instead"))
         for var in rcfg.get("env") or {}:
             if var in env_keys:
                 key = owner(env_keys[var])
-                out.append(_v("error", where, f"{role}.env.{text.shown(var)}",
-                              f"{var} is set by pd-deploy for every rank (from {key}); an env entry would "
-                              "silently replace it",
-                              f"remove {role}.env.{var} and set {key} instead"))
+                out.append(violation("error", where, f"{role}.env.{text.shown(var)}",
+                                     f"{var} is set by pd-deploy for every rank (from {key}); an env entry would "
+                                     "silently replace it",
+                                     f"remove {role}.env.{var} and set {key} instead"))
         for row in table["pass_through"]["json"]:
             field = row["key"].replace("pd_cluster.<role>.", f"{role}.")
             given = _at(rcfg, field.split(".")[1:])
@@ -138,10 +136,10 @@ def owned_violations(cluster):
                 if full not in owned:
                     continue
                 key = owner(owned[full])
-                out.append(_v("error", where, f"{field}.{text.shown(path)}",
-                              f"sets {full} of {row['flag']}, which pd-deploy renders from {key} (the rules "
-                              "check that key only)",
-                              f"remove it from {field} and set {key} instead"))
+                out.append(violation("error", where, f"{field}.{text.shown(path)}",
+                                     f"sets {full} of {row['flag']}, which pd-deploy renders from {key} (the rules "
+                                     "check that key only)",
+                                     f"remove it from {field} and set {key} instead"))
     return out
 
 
@@ -151,42 +149,42 @@ def cluster_violations(cluster):
     out = []
     image = cluster.get("image")
     if not isinstance(image, str) or not IMAGE_RE.match(image):
-        out.append(_v("error", name, "image", f"{image!r} is not a Docker image reference (spaces, upper case "
-                      "in the repository path, or a bad tag)",
-                      "write registry/repository:tag, e.g. quay.io/ascend/vllm-ascend:v0.25.1rc1"))
+        out.append(violation("error", name, "image", f"{image!r} is not a Docker image reference (spaces, upper case "
+                             "in the repository path, or a bad tag)",
+                             "write registry/repository:tag, e.g. quay.io/ascend/vllm-ascend:v0.25.1rc1"))
     path = (cluster.get("model") or {}).get("path")
     if isinstance(path, str) and (":" in path or "," in path):
-        out.append(_v("error", name, "model.path", f"{path!r} holds ':' or ',' which Docker reads as the "
-                      "separator of a volume's source, target and options",
-                      "move or link the model to a directory without ':' and ','"))
+        out.append(violation("error", name, "model.path", f"{path!r} holds ':' or ',' which Docker reads as the "
+                             "separator of a volume's source, target and options",
+                             "move or link the model to a directory without ':' and ','"))
     try:
         ipaddress.ip_address(str(cluster.get("bind_host")))
     except ValueError:
-        out.append(_v("error", name, "bind_host", f"{cluster.get('bind_host')!r} is not an IP address",
-                      "set bind_host to 0.0.0.0 (every interface) or the IP the engines listen on"))
+        out.append(violation("error", name, "bind_host", f"{cluster.get('bind_host')!r} is not an IP address",
+                             "set bind_host to 0.0.0.0 (every interface) or the IP the engines listen on"))
     for role in model.ROLES:
         rcfg = cluster["roles"][role]
         where = f"{name}/{role}"
         for key, value in (rcfg.get("env") or {}).items():
             if not isinstance(key, str) or not ENV_NAME_RE.match(key):
-                out.append(_v("error", where, f"{role}.env", f"{key!r} is not a valid environment variable name",
-                              "use letters, digits and '_' only, not starting with a digit"))
+                out.append(violation("error", where, f"{role}.env", f"{key!r} is not a valid environment variable name",
+                                     "use letters, digits and '_' only, not starting with a digit"))
             elif not isinstance(value, (str, int, float, bool)) or value is None:
-                out.append(_v("error", where, f"{role}.env.{key}", f"{value!r} is not a scalar",
-                              "give the variable a string or number value"))
+                out.append(violation("error", where, f"{role}.env.{key}", f"{value!r} is not a scalar",
+                                     "give the variable a string or number value"))
         for arg in rcfg["engine"].get("extra_args") or []:
             if not isinstance(arg, (str, int, float)) or isinstance(arg, bool):
-                out.append(_v("error", where, f"{role}.engine.extra_args", f"{arg!r} is not a command-line word",
-                              "write each flag and each value as its own string"))
+                out.append(violation("error", where, f"{role}.engine.extra_args", f"{arg!r} is not a command-line word",
+                                     "write each flag and each value as its own string"))
         eng = rcfg["engine"]
         seqs, batched = eng.get("max_num_seqs"), eng.get("max_num_batched_tokens")
         if isinstance(seqs, int) and isinstance(batched, int) and batched < seqs:
             # vLLM SchedulerConfig.verify_max_model_len: max_num_batched_tokens must be >= max_num_seqs
-            out.append(_v("error", where, f"{role}.engine.max_num_batched_tokens",
-                          f"{batched} is below max_num_seqs {seqs}: vLLM refuses to start "
-                          "(max_num_batched_tokens must be greater than or equal to max_num_seqs)",
-                          f"set max_num_batched_tokens >= {seqs} (decode: about max_num_seqs x (1 + speculative "
-                          "tokens)) or lower max_num_seqs"))
+            out.append(violation("error", where, f"{role}.engine.max_num_batched_tokens",
+                                 f"{batched} is below max_num_seqs {seqs}: vLLM refuses to start "
+                                 "(max_num_batched_tokens must be greater than or equal to max_num_seqs)",
+                                 f"set max_num_batched_tokens >= {seqs} (decode: about max_num_seqs x (1 + speculative "
+                                 "tokens)) or lower max_num_seqs"))
     return out + owned_violations(cluster)
 
 

@@ -4,7 +4,7 @@ An absurd value would otherwise surface only through what follows from it: an as
 decode ``max_num_seqs`` derives ``max_num_batched_tokens`` = seqs x (1 + draft tokens), which the
 danger-zone rule then blamed on a key the operator never wrote, and the weights rule printed a
 runtime reserve of millions of EiB. ``cluster_violations`` checks each such value against the limit it
-really has, names the operator's field and gives a limit that can be true; ``pd_deploy/fleet.py``
+really has, names the operator's field and gives a limit that can be true; ``pd_deploy/plan/fleet.py``
 stops the cluster there, so no rule repeats it in other words.
 
 - ``engine.max_model_len`` above the model's context (``pd_deploy/data/models.yml`` ``max_model_len``
@@ -20,13 +20,11 @@ stops the cluster there, so no rule repeats it in other words.
   the connectors' byte counts are int64).
 """
 
-from pd_deploy import capacity, model, sizes
+from ..plan import capacity, model
+from ..shared import sizes
+from .violation import error
 
 _TRUE = ("1", "true", "yes")
-
-
-def _v(where, field, message, fix):
-    return {"level": "error", "where": where, "field": field, "message": message, "fix": fix}
 
 
 def _int(value):
@@ -55,17 +53,17 @@ def cluster_violations(cluster, raw, hosts):
         length = engine.get("max_model_len")
         long_ok = str(env.get("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "")).lower() in _TRUE
         if _int(limit) and _int(length) and length > limit and not long_ok:
-            out.append(_v(where, f"{role}.engine.max_model_len",
-                          f"{length} is beyond the context of model family {cluster['model']['family']} "
-                          f"({limit} tokens, pd_deploy/data/models.yml max_model_len): vLLM refuses to start "
-                          "(max_model_len greater than the derived max_model_len of config.json)",
-                          f"set {role}.engine.max_model_len to the business p99 prompt + output, at most {limit}"))
+            out.append(error(where, f"{role}.engine.max_model_len",
+                             f"{length} is beyond the context of model family {cluster['model']['family']} "
+                             f"({limit} tokens, pd_deploy/data/models.yml max_model_len): vLLM refuses to start "
+                             "(max_model_len greater than the derived max_model_len of config.json)",
+                             f"set {role}.engine.max_model_len to the business p99 prompt + output, at most {limit}"))
         out.extend(_step_tokens(cluster, raw, role, hosts, fam.get("runtime_reserve")))
         for key in ("shm_size", "cpu_offload"):
             value = rcfg.get(f"{key}_bytes")
             if _int(value) and value > INT64_MAX:
-                out.append(_v(where, f"{role}.{key}", f"{sizes.to_human(value)} is more bytes than Docker and the "
-                              f"connectors count (2^63 - 1)", f"set {role}.{key} to what the host really has"))
+                out.append(error(where, f"{role}.{key}", f"{sizes.to_human(value)} is more bytes than Docker and the "
+                                 f"connectors count (2^63 - 1)", f"set {role}.{key} to what the host really has"))
     out.extend(_workload(cluster, fam.get("max_model_len")))
     return out
 
@@ -79,14 +77,14 @@ def _workload(cluster, limit):
     family = cluster["model"]["family"]
     if _int(prompt) and _int(output) and prompt + output > limit:
         field = "workload.p99_prompt_tokens" if prompt >= output else "workload.p99_output_tokens"
-        out.append(_v(cluster["name"], field,
-                      f"p99 prompt + output = {prompt} + {output} tokens is longer than the context of model family "
-                      f"{family} ({limit} tokens): no max_model_len can serve such requests, vLLM refuses them",
-                      f"give the measured p99 token counts (their sum at most {limit})"))
+        out.append(error(cluster["name"], field,
+                         f"p99 prompt + output = {prompt} + {output} tokens is longer than the context of model family "
+                         f"{family} ({limit} tokens): no max_model_len can serve such requests, vLLM refuses them",
+                         f"give the measured p99 token counts (their sum at most {limit})"))
     if _int(avg) and avg > limit:
-        out.append(_v(cluster["name"], "workload.avg_prompt_tokens",
-                      f"{avg} tokens is longer than the context of model family {family} ({limit} tokens)",
-                      "give the measured average prompt length"))
+        out.append(error(cluster["name"], "workload.avg_prompt_tokens",
+                         f"{avg} tokens is longer than the context of model family {family} ({limit} tokens)",
+                         "give the measured average prompt length"))
     return out
 
 
@@ -119,31 +117,31 @@ def _step_tokens(cluster, raw, role, hosts, reserve):
     seqs = engine.get("max_num_seqs")
     if fixed + per_token * tokens <= budget:
         if _int(seqs) and seqs > fit:  # every running sequence takes >= 1 token of each step
-            return [_v(f"{cluster['name']}/{role}", f"{role}.engine.max_num_seqs",
-                       f"{seqs} sequences take at least one token each per step: their activation memory alone is "
-                       f"more than the {sizes.to_human(min(hbm))} x gpu_memory_utilization {gmu} per NPU",
-                       f"set {role}.engine.max_num_seqs to at most {min(fit, tokens)} (max_num_batched_tokens is "
-                       f"{tokens}; the article starts at {capacity.START_MAX_NUM_SEQS})")]
+            return [error(f"{cluster['name']}/{role}", f"{role}.engine.max_num_seqs",
+                          f"{seqs} sequences take at least one token each per step: their activation memory alone is "
+                          f"more than the {sizes.to_human(min(hbm))} x gpu_memory_utilization {gmu} per NPU",
+                          f"set {role}.engine.max_num_seqs to at most {min(fit, tokens)} (max_num_batched_tokens is "
+                          f"{tokens}; the article starts at {capacity.START_MAX_NUM_SEQS})")]
         return []
     where = f"{cluster['name']}/{role}"
     seqs, draft = engine.get("max_num_seqs"), engine.get("num_speculative_tokens") or 0
     budget_text = f"{sizes.to_human(min(hbm))} x gpu_memory_utilization {gmu} = {sizes.to_human(budget)} per NPU"
     if _int(draft) and 1 + draft > fit:
-        return [_v(where, f"{role}.engine.num_speculative_tokens",
-                   f"{draft} draft tokens per sequence and step: their activation memory alone is more than the "
-                   f"{budget_text}", f"set {role}.engine.num_speculative_tokens: 1 (MTP, as upstream) or 0")]
+        return [error(where, f"{role}.engine.num_speculative_tokens",
+                      f"{draft} draft tokens per sequence and step: their activation memory alone is more than the "
+                      f"{budget_text}", f"set {role}.engine.num_speculative_tokens: 1 (MTP, as upstream) or 0")]
     if _own(raw, role, "max_num_batched_tokens") is None and _int(seqs) and seqs * (1 + draft) == tokens:
         # derived (decode: max_num_seqs x (1 + draft tokens)): the operator wrote max_num_seqs
-        return [_v(where, f"{role}.engine.max_num_seqs",
-                   f"{seqs} sequences x (1 + {draft} draft tokens) per step: their activation memory alone "
-                   f"is more than the {budget_text}, so no weights or KV could load beside them",
-                   f"set {role}.engine.max_num_seqs to at most {fit // (1 + draft)} (the article starts at "
-                   f"{capacity.START_MAX_NUM_SEQS} and raises it while KV usage stays < 0.7)")]
-    return [_v(where, f"{role}.engine.max_num_batched_tokens",
-               f"{tokens} tokens per step: their activation memory alone is more than the {budget_text}, "
-               "so no weights or KV could load beside them",
-               f"set {role}.engine.max_num_batched_tokens to at most {min(fit, capacity.UPPER_BOUND)} "
-               f"(the article's 910B3 upper bound is {capacity.UPPER_BOUND})")]
+        return [error(where, f"{role}.engine.max_num_seqs",
+                      f"{seqs} sequences x (1 + {draft} draft tokens) per step: their activation memory alone "
+                      f"is more than the {budget_text}, so no weights or KV could load beside them",
+                      f"set {role}.engine.max_num_seqs to at most {fit // (1 + draft)} (the article starts at "
+                      f"{capacity.START_MAX_NUM_SEQS} and raises it while KV usage stays < 0.7)")]
+    return [error(where, f"{role}.engine.max_num_batched_tokens",
+                  f"{tokens} tokens per step: their activation memory alone is more than the {budget_text}, "
+                  "so no weights or KV could load beside them",
+                  f"set {role}.engine.max_num_batched_tokens to at most {min(fit, capacity.UPPER_BOUND)} "
+                  f"(the article's 910B3 upper bound is {capacity.UPPER_BOUND})")]
 
 
 FILTERS = {}

@@ -8,8 +8,8 @@ as a pure function returning one message per problem, each naming what is missin
 import base64
 import re
 
-from pd_deploy import sizes
-from pd_deploy.containers import PREVIOUS, port_conflicts, running_previous, sick_current
+from ..rollout.containers import PREVIOUS, port_conflicts, running_previous, sick_current
+from ..shared import sizes
 
 
 def required_paths(specs):

@@ -7,9 +7,9 @@ byte and token results are rounded down, so the figures are exact and repeatable
 
 from fractions import Fraction
 
-from pd_deploy import datafiles
-from pd_deploy.errors import PdError
-from pd_deploy.sizes import check_int, check_number, to_bytes, to_human
+from ..shared import datafiles
+from ..shared.errors import PdError
+from ..shared.sizes import check_int, check_number, to_bytes, to_human
 
 #: max-num-batched-tokens levels measured on 910B3 (64 GB per NPU) at TP4 (article §4.2).
 SWEET_SPOT = 32768

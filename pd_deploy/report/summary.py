@@ -4,8 +4,8 @@ import json
 import os
 import re
 
-from pd_deploy import sizes
-from pd_deploy.containers import PREVIOUS, host_specs, short_id, spec_state
+from ..rollout.containers import PREVIOUS, host_specs, short_id, spec_state
+from ..shared import sizes
 
 
 def _counts(plan):

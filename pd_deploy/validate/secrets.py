@@ -25,7 +25,8 @@ import hmac
 import re
 from collections.abc import Mapping
 
-from pd_deploy.errors import PdError
+from ..shared.errors import PdError
+from .violation import error, violation
 
 #: HMAC key of the digest: a fixed label (the digest only has to change with the key and not reveal
 #: it; a weak key stays guessable from any digest, so use a long random key).
@@ -113,10 +114,6 @@ def is_fact(value):
     return isinstance(value, Mapping) and value.get("fact") == "pd_api_key"
 
 
-def _v(where, field, message, fix):
-    return {"level": "error", "where": where, "field": field, "message": message, "fix": fix}
-
-
 ENCRYPT = "`ansible-vault encrypt_string --name pd_api_key \"$(openssl rand -hex 32)\"`"
 FIX = f"set pd_api_key once in the cluster's group_vars, e.g. from {ENCRYPT} (docs/guide/inventory.md, Secrets)"
 
@@ -128,20 +125,20 @@ def cluster_key(name, hosts):
     for host in hosts:
         fact = host.get("api_key")
         if fact and fact.get("problem"):
-            out.append(_v(host["name"], "pd_api_key", f"the key {fact['problem']}", fact.get("fix") or FIX))
+            out.append(error(host["name"], "pd_api_key", f"the key {fact['problem']}", fact.get("fix") or FIX))
             continue
         seen[host["name"]] = fact["redaction"] if fact else None
     if len(set(seen.values())) > 1:
-        out.append(_v(name, "pd_api_key", "the hosts of this cluster do not share one key ("
-                      + ", ".join(f"{h}: {r or 'none'}" for h, r in seen.items()) + ")",
-                      "set pd_api_key in group_vars/<cluster>.yml only, not per host"))
+        out.append(error(name, "pd_api_key", "the hosts of this cluster do not share one key ("
+                         + ", ".join(f"{h}: {r or 'none'}" for h, r in seen.items()) + ")",
+                         "set pd_api_key in group_vars/<cluster>.yml only, not per host"))
     clear = sorted({fact["clear_in"] for fact in (h.get("api_key") for h in hosts)
                     if fact and fact.get("clear_in") and not fact.get("problem")})
     for origin in clear:
-        out.append({"level": "warning", "where": name, "field": "pd_api_key",
-                    "message": f"the API key is written in clear in {origin} (not an !vault value): whoever reads "
-                               "the inventory (its git history, backups) can call the cluster",
-                    "fix": f"replace it with an encrypted value: {FIX}"})
+        out.append(violation("warning", name, "pd_api_key",
+                             f"the API key is written in clear in {origin} (not an !vault value): whoever reads "
+                             "the inventory (its git history, backups) can call the cluster",
+                             f"replace it with an encrypted value: {FIX}"))
     values = set(seen.values())
     return (values.pop() if len(values) == 1 else None), out
 
@@ -153,13 +150,13 @@ def clear_key_violations(cluster):
         where = f"{cluster['name']}/{role}"
         for name in (rcfg.get("env") or {}):
             if name in KEY_ENV:
-                out.append(_v(where, f"{role}.env.{name}", "an API key in pd_cluster env is written in clear to "
-                              "build/<inventory>/plan.json and every render file", f"remove it and {FIX}"))
+                out.append(error(where, f"{role}.env.{name}", "an API key in pd_cluster env is written in clear to "
+                                 "build/<inventory>/plan.json and every render file", f"remove it and {FIX}"))
         for arg in (rcfg.get("engine") or {}).get("extra_args") or []:
             if isinstance(arg, str) and arg.split("=", 1)[0] in KEY_FLAGS:
-                out.append(_v(where, f"{role}.engine.extra_args", "--api-key on the command line is written in "
-                              "clear to build/<inventory>/plan.json, every render file, `ps` and `docker inspect`",
-                              f"remove it and {FIX}"))
+                out.append(error(where, f"{role}.engine.extra_args", "--api-key on the command line is written in "
+                                 "clear to build/<inventory>/plan.json, every render file, `ps` and `docker inspect`",
+                                 f"remove it and {FIX}"))
     return out
 
 

@@ -11,8 +11,8 @@ import functools
 import re
 
 
-from pd_deploy import datafiles
-from pd_deploy.errors import PdError
+from ..shared import datafiles
+from ..shared.errors import PdError
 
 # v0.25.1rc1, 0.25.1, 0.23.0, 0.26, 0.23.0.post1, 0.26.0.dev3 -> major.minor
 _VERSION_RE = re.compile(r"^v?(?P<major>\d+)\.(?P<minor>\d+)(?:\.\d+)?(?:\.?(?:rc|post|dev)\d+)?$")

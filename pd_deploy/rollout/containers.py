@@ -6,7 +6,7 @@ import json
 import re
 from collections.abc import Mapping
 
-from pd_deploy.errors import PdError
+from ..shared.errors import PdError
 
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
 

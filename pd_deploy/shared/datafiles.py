@@ -13,8 +13,9 @@ import os
 
 import yaml
 
-_HERE = os.path.dirname(os.path.abspath(__file__))
-_DIRS = {"data": os.path.join(_HERE, "data"), "schemas": os.path.join(os.path.dirname(_HERE), "schemas")}
+# this file is pd_deploy/shared/datafiles.py: the package is one level up, the repository two
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_DIRS = {"data": os.path.join(_PACKAGE, "data"), "schemas": os.path.join(os.path.dirname(_PACKAGE), "schemas")}
 
 
 @functools.lru_cache(maxsize=None)

@@ -16,8 +16,8 @@ and memlock limit from /etc/docker/daemon.json (``log-opts.max-size``, ``default
 import json
 import re
 
-from pd_deploy import versions
-from pd_deploy.errors import PdError
+from ..plan import versions
+from ..shared.errors import PdError
 
 _ARG = r"(?:^|\s){name}=v?([0-9][0-9A-Za-z.+-]*)"
 _VERSION = re.compile(r"^\s*Version\s*=\s*(\S+)\s*$", re.M)

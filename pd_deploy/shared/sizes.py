@@ -25,7 +25,7 @@ from fractions import Fraction
 
 from ansible.module_utils.common.text import formatters
 
-from pd_deploy.errors import PdError
+from .errors import PdError
 
 _SIZE_RE = re.compile(r"^(?P<num>[0-9]+(?:\.[0-9]+)?|\.[0-9]+)\s*(?P<unit>[A-Za-z]*)$")
 _UNIT_RE = re.compile(r"^(?P<letter>[KMGTPE])(?P<i>i?)(?P<b>b?)$", re.IGNORECASE)

@@ -9,7 +9,7 @@ is rendered for a host.
 
 import copy
 
-from pd_deploy.errors import PdError
+from ..shared.errors import PdError
 
 ROLE_KV = {"prefill": "kv_producer", "decode": "kv_consumer"}
 OFFLOAD_CONNECTORS = ("none", "OffloadingConnector", "RecomputeCPUOffloadConnector")

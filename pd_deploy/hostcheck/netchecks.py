@@ -14,7 +14,7 @@ here, as pure functions returning one message per problem naming host, device an
 
 import re
 
-from pd_deploy.errors import PdError
+from ..shared.errors import PdError
 
 _DEVICE = re.compile(r"/dev/davinci(\d+)$")
 _CONF = re.compile(r"^\s*address_(\d+)\s*=\s*(\S+)\s*$", re.M)

@@ -1,0 +1,1 @@
+"""Report: the deploy summary written after a rollout."""
