@@ -163,6 +163,7 @@ wiring:
 import json
 import os
 import stat as stat_mod
+import subprocess
 import time
 import urllib.parse
 from concurrent.futures import ThreadPoolExecutor
@@ -284,6 +285,24 @@ def read_wiring(specs, containers, timeout, docker_socket=""):
     return out
 
 
+class ToolRunner:
+    """Runs the host's tools (npu-smi, hccn_tool) for the probe; what run_npu_smi and run_hccn call.
+
+    Not AnsibleModule.run_command: its read loop ends when select() times out (1 s) and the child has
+    exited by the time it polls, without reading what the child wrote in between (ansible/ansible issue
+    51393; the loop is unchanged in ansible-core 2.19 module_utils/basic.py). A tool that takes over a
+    second and prints its answer as it exits (npu-smi, about a second on a real host, longer on a loaded
+    one) then comes back as rc 0 with no output, which the prechecks report as a broken driver ("npu-smi
+    info printed no NPU status rows"). subprocess.run reads both pipes to their end.
+    """
+
+    @staticmethod
+    def run_command(args, handle_exceptions=False):  # noqa: ARG004 (the AnsibleModule signature tests fake)
+        proc = subprocess.run([str(a) for a in args], stdin=subprocess.DEVNULL, capture_output=True,
+                              text=True, errors="replace", check=False)
+        return proc.returncode, proc.stdout, proc.stderr
+
+
 def run_npu_smi(module, path, *args):
     if not path:
         return None
@@ -321,7 +340,8 @@ def run_compat(socket_path, spec):
 
 HCCN_QUERIES = ("link", "net_health", "ip", "tls")
 HCCN_WORKERS = 8
-# a loaded host's hccn_tool sometimes answers nothing (rc 0, no output) or fails once: a query is asked
+# a loaded host's hccn_tool sometimes answers nothing (rc 0, no output; part of that was run_command losing
+# late output, see ToolRunner) or fails once: a query is asked
 # again, a bounded number of times, before its answer is judged (issue 20: a precheck failed on one)
 HCCN_TRIES = 3
 HCCN_RETRY_PAUSE_S = 1.0
@@ -424,9 +444,10 @@ def main():
     # the tools (npu-smi twice, hccn_tool) run in threads while this one asks Docker and the health URLs:
     # each npu-smi call takes about a second on a real host, and they do not depend on each other
     with ThreadPoolExecutor(max_workers=3) as pool:
-        smi_list = pool.submit(run_npu_smi, module, p["npu_smi"], "-l")
-        smi_info = pool.submit(run_npu_smi, module, p["npu_smi"])
-        hccn = pool.submit(run_hccn, module, p["hccn"], skip)
+        tools = ToolRunner()
+        smi_list = pool.submit(run_npu_smi, tools, p["npu_smi"], "-l")
+        smi_info = pool.submit(run_npu_smi, tools, p["npu_smi"])
+        hccn = pool.submit(run_hccn, tools, p["hccn"], skip)
         compat = run_compat(sock, p["compat"]) if ok and not settled else None
         health = wait_all(current_checks(p["containers"], containers, p["probe_timeout"]), p["probe_interval"])
         wiring = read_wiring(p["containers"], containers, p["probe_timeout"], sock)

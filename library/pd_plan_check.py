@@ -63,7 +63,7 @@ attributes:
     details: The files are controller-side review files; pd_plan writes them under --check too.
   diff_mode:
     support: none
-author: pd-deploy
+author: pd-deploy maintainers (!UNKNOWN)
 """
 
 EXAMPLES = r"""

@@ -565,3 +565,30 @@ def test_failed_summary_names_each_check_that_did_not_answer():
     assert pd_http.failed_summary(results) == (
         '2 of 3 did not answer as expected: /v1/chat/completions (HTTP 400: {"error": "no template"}); r (no answer)')
     assert pd_http.failed_summary(results[:1]) == ""
+
+
+# ---- the probe's tool runner --------------------------------------------------------------------
+
+def test_tool_runner_reads_what_a_slow_tool_prints_as_it_exits(tmp_path):
+    """npu-smi takes about a second and prints its table as it exits. AnsibleModule.run_command can
+    drop that output (ansible/ansible issue 51393: select times out, the child exits, the loop stops
+    without reading); the probe's runner reads to the end: the whole table, every time."""
+    tool = tmp_path / "slow-tool"
+    tool.write_text("#!/bin/sh\nsleep 1.2\nfor i in 1 2 3 4 5 6 7 8; do echo \"| $i 910B3 | OK |\"; done\n"
+                    "echo warn >&2\nexit 3\n")
+    tool.chmod(0o755)
+    rc, out, err = probe_mod.ToolRunner().run_command([tool, "info"])
+    assert (rc, out.count("910B3"), err) == (3, 8, "warn\n")
+    assert probe_mod.run_npu_smi(probe_mod.ToolRunner(), str(tool))["stdout"] == out
+    with pytest.raises(OSError):  # what run_npu_smi and run_hccn turn into rc 127
+        probe_mod.ToolRunner().run_command([tmp_path / "missing"])
+    assert probe_mod.run_npu_smi(probe_mod.ToolRunner(), str(tmp_path / "missing"))["rc"] == 127
+
+
+def test_the_probe_runs_its_tools_with_its_own_runner():
+    """main() hands npu-smi and hccn_tool the ToolRunner, not the AnsibleModule (whose run_command
+    loses late output)."""
+    source = (REPO / "library" / "pd_host_probe.py").read_text()
+    main = source[source.index("def main("):]
+    assert "run_npu_smi, tools," in main and "run_hccn, tools," in main
+    assert "run_npu_smi, module" not in main and "run_hccn, module" not in main
