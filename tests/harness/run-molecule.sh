@@ -26,11 +26,9 @@
 #                    its scenarios one after the other); the first lane that has a scenario to run prints
 #                    to the terminal, the others only to their logs (their tails are printed when all
 #                    lanes are done). A scenario named in no lane runs in the first lane. Default:
-#                    "default harness multicluster upgrade; failure; rolling reject; ops; real-engine",
-#                    balanced by each scenario's time on a quiet machine (494, 484, 310, 350, 529 s;
-#                    real-engine, the longest alone, also builds its image on a first run). The 2
-#                    cores mostly wait (engine start-ups, health waits, the real vLLM), so the lanes
-#                    take about as long as the longest. Scenarios of different lanes share no
+#                    "default harness multicluster upgrade; failure reject; rolling ops; real-engine".
+#                    The 2 cores mostly wait (engine start-ups, health waits, the real vLLM), so four
+#                    lanes take about as long as the longest. Scenarios of different lanes share no
 #                    port, container or cluster name (tests/render/test_molecule_inventories.py checks
 #                    it); "" runs every scenario in one lane, in order
 # Exit status: 0 when every scenario passed, 1 otherwise.
@@ -152,7 +150,7 @@ run_scenario() {
 # first lane with a scenario runs in the foreground (its output also on the terminal), every other in
 # a background subshell. Scenarios of different lanes share no port, container, cluster or Molecule
 # instance, so they do not see each other.
-IFS=';' read -r -a lane_specs <<<"${PD_MOLECULE_LANES-default harness multicluster upgrade; failure; rolling reject; ops; real-engine}"
+IFS=';' read -r -a lane_specs <<<"${PD_MOLECULE_LANES-default harness multicluster upgrade; failure reject; rolling ops; real-engine}"
 ((${#lane_specs[@]})) || lane_specs=("")
 lanes=()
 for _ in "${lane_specs[@]}"; do lanes+=(""); done
