@@ -129,11 +129,12 @@ def table(header, rows):
 
 def switches_section():
     data = _load_yaml("pd_deploy", "data", "variables.yml")["variables"]
-    rows = [(f"`{name}`", spec.get("description", "")) for name, spec in data.items()]
+    rows = [(f"`{name}`", shown(spec["default"]) if "default" in spec else "", spec.get("description", ""))
+            for name, spec in data.items()]
     return ("## Playbook switches and shared variables\n\n"
             "From `pd_deploy/data/variables.yml`: given with `-e` to one run, or set in the inventory where the\n"
             "description says so. Any other `pd_*` variable on a cluster host is refused by validation.\n\n"
-            + table(("variable", "what it does"), rows))
+            + table(("variable", "default", "what it does"), rows))
 
 
 def host_section():

@@ -407,7 +407,7 @@ def health_ranks(specs, first_results, second_results, log_results=None, config=
     ``specs``: this host's engine launch specs; ``first_results`` / ``second_results``: the ``.results``
     of the two ``uri`` loops over them (GET /metrics, return_content); ``log_results``: the ranks' logs,
     ``{name: text}`` (``pd_docker_logs``) or a ``uri`` loop with text content (optional); ``config``:
-    the host's ``pd_cluster``; ``proxy`` / ``proxy_result``:
+    the cluster's ``pd_cluster``, raw or normalized (pd_ops passes the plan's ``clusters[c].config``); ``proxy`` / ``proxy_result``:
     the host's proxy spec and its /healthcheck answer (optional); ``mid_results``: a scrape taken
     between the two, under load (optional).
 

@@ -329,8 +329,9 @@ def _port_claims(result):
 def plan_fleet(fleet):
     """Plan every cluster of ``fleet`` ({"hosts": [{name, groups, vars}], "limit": [names]|None}).
 
-    Returns {"ok", "violations", "clusters": {name: summary}, "hosts": {name: {cluster, role,
-    specs, proxy}}, "batches": [host counts per cluster in play order]}.
+    Returns {"ok", "violations", "clusters": {name: summary (config: the normalized pd_cluster)},
+    "hosts": {name: {cluster, role, specs, proxy, docker_socket, ...}}, "batches": [host counts per
+    cluster in play order]}.
     """
     if not isinstance(fleet, dict) or not isinstance(fleet.get("hosts"), list):
         raise PdError("pd_fleet_plan", "fleet", "expected {'hosts': [...]}",
@@ -358,7 +359,7 @@ def plan_fleet(fleet):
                 "npus": host["npus"], "ram_reserve_bytes": host["ram_reserve_bytes"],
                 "hbm_per_npu_bytes": host["hbm_per_npu_bytes"], "npu_chip": host["npu_chip"],
                 "model_path": ((result.get("cluster") or {}).get("model") or {}).get("path"),
-                "address": host["address"],
+                "address": host["address"], "docker_socket": host["docker_socket"],
             }
         for spec in result["specs"]:
             plan["hosts"][spec["host"]]["specs"].append(spec)
@@ -376,6 +377,9 @@ def plan_fleet(fleet):
             "ranks": [s["name"] for s in result["specs"]],
             "instances": proxy_instances(result["specs"], address_of),
             "drain_timeout_s": ((result.get("cluster") or {}).get("proxy") or {}).get("drain_timeout_s", 0),
+            # the normalized pd_cluster (defaults merged, sizes in bytes; null when it breaks a rule): what
+            # the operations roles and playbooks read instead of normalizing pd_cluster again
+            "config": result.get("cluster"),
         }
     violations.extend(port_collisions(all_specs, address_of, ports.port_spaces(
         (name, machine, address) for name, (machine, address) in machine_of.items())))

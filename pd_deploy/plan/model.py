@@ -208,6 +208,8 @@ def host_record(name, role, hostvars_subset):
                                             field="pd_host_ram_reserve", where=where),
         "hccl_if": str(need("pd_hccl_if")),
         "ascend_root": str(pick("pd_ascend_root", base["ascend_root"])).rstrip("/"),
+        # the one default of the Docker socket (pd_deploy/data/variables.yml); roles read it from the plan
+        "docker_socket": str(pick("pd_docker_socket", inventory.shared_default("pd_docker_socket"))),
     }
 
 

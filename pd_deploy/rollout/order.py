@@ -90,6 +90,29 @@ _BATCH_FIX = ("write -e pd_cluster_batch=N (N clusters per batch, N >= 1) or P% 
               "the clusters to roll, at least one), or leave it out to roll one cluster at a time")
 
 
+def batch_probes(hosts, probes):
+    """{host: {"containers": [...]}} of ``hosts`` (the batch's hosts of one cluster) from ``probes``, the
+    pd_host_probe result of each, in the same order: what pd_engine_batch_probes takes (the container
+    lists only: the dict is copied to every host of the cluster). A host without a reading has no
+    containers listed."""
+    where = "pd_batch_probes"
+    if not isinstance(hosts, (list, tuple)) or not all(isinstance(h, str) for h in hosts):
+        raise PdError(where, "hosts", f"{hosts!r} is not a list of host names",
+                      "pass the batch's hosts of the cluster (a list of inventory names)")
+    if not isinstance(probes, (list, tuple)) or len(probes) != len(hosts):
+        raise PdError(where, "probes", f"expected one pd_host_probe result per host ({len(hosts)}), got "
+                      f"{len(probes) if isinstance(probes, (list, tuple)) else type(probes).__name__}",
+                      "map the hosts to their registered pd_host_probe results (map('extract', hostvars, name))")
+    out = {}
+    for host, probe in zip(hosts, probes):
+        containers = probe.get("containers") if isinstance(probe, dict) else None
+        if containers is not None and not isinstance(containers, list):
+            raise PdError(where, f"probes[{host}].containers", f"{type(containers).__name__} is not a list",
+                          "pass the pd_host_probe result of each host")
+        out[host] = {"containers": list(containers or [])}
+    return out
+
+
 def cluster_batch_size(value, clusters, parallel=False):
     """How many clusters one rollout batch holds: ``pd_cluster_batch`` as the operator wrote it.
 
@@ -242,5 +265,6 @@ FILTERS = {
     "pd_rollout_targets": rollout_targets,
     "pd_lock_hosts": lock_hosts,
     "pd_rollout_waves": rollout_waves,
+    "pd_batch_probes": batch_probes,
     "pd_cluster_batch_problem": cluster_batch_problem,
 }

@@ -55,6 +55,12 @@ def documented_variables():
     return {name: entry["description"] for name, entry in data["variables"].items()}
 
 
+def shared_default(name):
+    """The default of a shared variable of pd_deploy/data/variables.yml (its ``default``), the one place
+    it is written (pd_docker_socket: every role and playbook reads it from the plan)."""
+    return datafiles.yaml_data("variables.yml")["variables"][name]["default"]
+
+
 def role_defaults(roles_dir=_ROLES_DIR):
     """Names of every role's public defaults and argument_specs options (``pd_<role>_*``)."""
     names = set()
@@ -185,7 +191,7 @@ _PATH_EXAMPLES = {"pd_deploy_lock_dir": "/var/lib/pd-deploy/locks", "pd_rollout_
                   "pd_image_remote_dir": "/var/tmp/pd-images"}
 for _name in HOST_PATH_VARS:
     if _name.endswith("_socket"):
-        _PATH_EXAMPLES[_name] = "/var/run/docker.sock"
+        _PATH_EXAMPLES[_name] = shared_default("pd_docker_socket")
 
 
 def machine_violations(hosts, specs):

@@ -58,7 +58,7 @@ def test_the_log_scan_is_one_read_and_one_verdict():
 
 def test_a_created_proxy_gets_no_backends_file_and_a_restarted_one_is_rewired():
     tasks = {t["name"]: t for t in _tasks(ROLES / "pd_proxy/tasks/main.yml")}
-    created = "_pd_proxy_spec.name not in _pd_container_plan.created | default([])"
+    created = "_pd_proxy_spec.name not in pd_container_plan.created | default([])"
     wire = tasks["Wire the proxy to the cluster's instances (add the new, then drain out the dropped)"]
     copy = tasks["Keep the plan's backend lists in the proxy's container (what it serves after a restart)"]
     # both skip only a proxy this run created (pd_replacement_plan created), not every proxy it started
