@@ -80,8 +80,21 @@ def test_every_role_declares_its_socket_option_as_the_plans():
                 assert spec["options"][name]["default"] == defaults[name], (role, entry)
 
 
-def _host_vars(**extra):
-    return dict({"pd_host_address": "10.0.0.11", "pd_host_ram": "1TiB", "pd_hccl_if": "eth0"}, **extra)
+#: pd-deploy's modules that talk to the Docker API; their documented option default serves direct use only.
+DOCKER_MODULES = ("pd_host_probe", "pd_container_logs", "pd_http_wait", "pd_proxy_drain")
+
+
+def test_every_call_of_a_docker_module_passes_the_socket():
+    """So that the modules' own option default never decides which socket a role or playbook uses."""
+    missing, calls = [], 0
+    for path in _files("roles/*/tasks/*.yml", "playbooks/*.yml"):
+        for task in _tasks(yaml.safe_load(_read(path))):
+            for module in DOCKER_MODULES:
+                if module in task:
+                    calls += 1
+                    if "docker_socket" not in (task[module] or {}):
+                        missing.append(f"{_rel(path)}: {task.get('name')}")
+    assert calls > 10 and missing == []
 
 
 def test_the_plan_carries_each_hosts_socket_with_the_one_default():
