@@ -94,11 +94,13 @@ stats:
   type: dict
   returned: always
 npu_smi:
-  description: rc, stdout and stderr of C(npu-smi info -l) (rc 127 when it could not run), or null.
+  description: rc, stdout and stderr of C(npu-smi info -l) (rc 127 when it could not run), or null (not asked, or
+    not run on a settled host, see RV(skipped_checks)).
   type: dict
   returned: always
 npu_smi_info:
-  description: rc, stdout and stderr of C(npu-smi info), the status table (rc 127 when it could not run), or null.
+  description: rc, stdout and stderr of C(npu-smi info), the status table (rc 127 when it could not run), or null
+    (not asked, or not run on a settled host).
   type: dict
   returned: always
 meminfo:
@@ -138,8 +140,8 @@ hccn:
   type: dict
   returned: always
 skipped_checks:
-  description: Why the hccn_tool queries and the compat readings were not made (every container of the host
-    runs its launch spec, so this run starts nothing here), else empty. hccn.conf is still read.
+  description: Why npu-smi, the hccn_tool queries and the compat readings were not made (every container of the
+    host runs its launch spec, so this run starts nothing here), else empty. hccn.conf is still read.
   type: str
   returned: always
 compat:
@@ -435,18 +437,22 @@ def main():
     p = module.params
     sock = p["docker_socket"]
     ok, msg, containers = list_containers(sock, p["label"])
-    # a host whose every rank runs its launch spec starts nothing in this run: its NPU network and
-    # image/driver checks are for the containers a deploy starts, so they are not run (the no-op path)
+    # a host whose every rank runs its launch spec starts nothing in this run: its NPU (npu-smi), NPU
+    # network and image/driver checks are for the containers a deploy starts, so they are not run (the
+    # no-op path)
     settled = ok and bool(p["containers"]) and not starting(p["containers"], containers)
     skip = "every container of this host runs its launch spec" if settled else ""
     # one inspect per reference, shared by the missing-image check and the moving-tag comparison
     refs = resolve_images(sock, list(p["images"]) + [s["image"] for s in p["containers"] if s.get("image")]) if ok else {}
     # the tools (npu-smi twice, hccn_tool) run in threads while this one asks Docker and the health URLs:
-    # each npu-smi call takes about a second on a real host, and they do not depend on each other
+    # each npu-smi call takes about a second on a real host, and they do not depend on each other. On a
+    # settled host npu-smi is not run either (its NPU count, chip and HBM are checks of a start; the
+    # no-op re-run's slowest reading on a real host)
+    smi = "" if settled else p["npu_smi"]
     with ThreadPoolExecutor(max_workers=3) as pool:
         tools = ToolRunner()
-        smi_list = pool.submit(run_npu_smi, tools, p["npu_smi"], "-l")
-        smi_info = pool.submit(run_npu_smi, tools, p["npu_smi"])
+        smi_list = pool.submit(run_npu_smi, tools, smi, "-l")
+        smi_info = pool.submit(run_npu_smi, tools, smi)
         hccn = pool.submit(run_hccn, tools, p["hccn"], skip)
         compat = run_compat(sock, p["compat"]) if ok and not settled else None
         health = wait_all(current_checks(p["containers"], containers, p["probe_timeout"]), p["probe_interval"])

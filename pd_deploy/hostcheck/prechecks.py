@@ -162,7 +162,9 @@ def _host_problems(facts, probe):
         elif "/dev/" in path and not st.get("ischr"):
             out.append(f"{path} exists but is not a character device — check the Ascend driver installation")
     npu_smi = probe.get("npu_smi") or {}
-    if npu_smi.get("rc") != 0:
+    if probe.get("npu_smi") is None and probe.get("skipped_checks"):
+        pass  # a settled host (every rank runs its spec): the probe ran no npu-smi, nothing starts here
+    elif npu_smi.get("rc") != 0:
         why = (npu_smi.get("stderr") or "").strip().splitlines()[-1:] or ["no output"]
         out.append(f"npu-smi info -l failed ({why[0]}) — check the driver (npu-smi is in /usr/local/bin "
                    "on Ascend hosts)")

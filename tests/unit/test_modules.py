@@ -460,6 +460,25 @@ def test_pd_host_probe_runs_its_two_npu_smi_calls_at_the_same_time(tmp_path):
     assert max(a0, b0) < min(a1, b1)
 
 
+@pytest.mark.ansible
+def test_pd_host_probe_runs_no_npu_smi_on_a_settled_host(docker_socket, engine, tmp_path):
+    """Every container of the host runs its launch spec (the no-op re-run): npu-smi, a second a call on
+    a real host, is not run; a host that starts a rank runs it."""
+    fake = tmp_path / "npu-smi"
+    log = tmp_path / "calls"
+    fake.write_text(f"#!/bin/sh\necho called >> {log}\necho '\tTotal Count : 8'\n")
+    fake.chmod(0o755)
+    running = {"name": "pd-c-decode0-dp0", "hash": "h0", "health_url": f"{engine}/health"}
+    settled = ansible_module("pd_host_probe", {"docker_socket": docker_socket, "npu_smi": str(fake),
+                                               "containers": [running]})
+    assert settled["skipped_checks"] and settled["npu_smi"] is None and settled["npu_smi_info"] is None
+    assert not log.exists()
+    starting = ansible_module("pd_host_probe", {"docker_socket": docker_socket, "npu_smi": str(fake),
+                                                "containers": [running, {"name": "pd-c-decode0-dp1", "hash": "new"}]})
+    assert not starting["skipped_checks"] and starting["npu_smi"]["rc"] == 0
+    assert log.read_text().count("called") == 2
+
+
 def test_container_logs_read_every_name_in_one_run(monkeypatch):
     logs_mod = load("pd_container_logs")
     body = bytes([1, 0, 0, 0, 0, 0, 0, 6]) + b"hello\n"

@@ -195,6 +195,17 @@ def test_skipped_checks_still_judge_docker_and_running_containers():
     assert "Docker engine not reachable" in found[0] and "does not answer" in found[1]
 
 
+def test_a_settled_host_without_npu_smi_readings_has_no_npu_problem():
+    # the probe runs no npu-smi where every rank runs its spec (it says why in skipped_checks)
+    facts = good_facts()
+    facts["probe"].update(npu_smi=None, npu_smi_info=None, skipped_checks="every container of this host runs its launch spec")
+    assert prechecks.problems(facts) == []
+    # without that reason a missing reading is still the driver's problem
+    facts["probe"]["skipped_checks"] = ""
+    [found] = prechecks.problems(facts)
+    assert "npu-smi info -l failed (no output)" in found
+
+
 def test_a_healthy_running_rank_is_no_problem():
     facts = good_facts()
     spec = facts["specs"][0]

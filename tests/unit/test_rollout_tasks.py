@@ -108,3 +108,57 @@ def test_the_verdict_fails_on_failure_lines_warns_on_warning_lines_and_is_skippe
     assert "recompute-on-producer" in failing["msg"]  # the warnings are listed after the failures
     assert not warning.get("failed") and warning["msg"].startswith("pd-c-prefill0-dp0: recompute-on-producer: ")
     assert clean.get("skipped") and not clean.get("failed")
+
+
+def _role_options(role):
+    return set(_tasks(ROLES / role / "meta/argument_specs.yml")["argument_specs"]["main"]["options"])
+
+
+def test_the_roles_the_rollout_runs_skip_their_own_argument_check_and_pass_only_the_options_it_excludes():
+    """pd_rollout checks its variables and those of pd_engine, pd_proxy and pd_container in one task; the
+    options it leaves out of that check are exactly those the rollout's roles pass themselves."""
+    passed, runs = set(), []
+    files = [ROLES / "pd_rollout/tasks/roll.yml", *sorted((ROLES / "pd_engine/tasks").glob("*.yml")),
+             *sorted((ROLES / "pd_proxy/tasks").glob("*.yml"))]
+    checked = _role_options("pd_engine") | _role_options("pd_proxy") | _role_options("pd_container")
+    for path in files:
+        for task in _flat(_tasks(path)):
+            passed |= set(task.get("vars") or {}) & checked
+            for key in ("ansible.builtin.import_role", "ansible.builtin.include_role"):
+                if key in task:
+                    runs.append((path.name, task[key]["name"], task[key].get("rolespec_validate")))
+    assert {name for _, name, _ in runs} == {"pd_engine", "pd_proxy", "pd_container"}
+    assert all(validate is False for _, _, validate in runs), runs
+    variables = _tasks(ROLES / "pd_rollout/vars/main.yml")
+    assert set(variables["_pd_rollout_passed_options"]) == passed
+    assert variables["_pd_rollout_checked_roles"] == ["pd_rollout", "pd_engine", "pd_proxy", "pd_container"]
+    deploy = _flat(_tasks(REPO / "playbooks/deploy-pd.yml")[2]["tasks"])
+    assert deploy[0]["ansible.builtin.include_role"] == {"name": "pd_rollout", "rolespec_validate": False}
+    # the check is the rollout's first task, before the lock
+    assert "check.yml" in str(_tasks(ROLES / "pd_rollout/tasks/main.yml")[0])
+
+
+@pytest.mark.ansible
+def test_the_rollouts_one_argument_check_refuses_a_bad_variable_of_each_role_it_runs(tmp_path):
+    play = [{"hosts": "localhost", "gather_facts": False, "tasks": [
+        {"ansible.builtin.include_role": {"name": "pd_rollout", "tasks_from": "check.yml", "rolespec_validate": False}}]}]
+    (tmp_path / "play.yml").write_text(yaml.safe_dump(play))
+    env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), ANSIBLE_LOAD_CALLBACK_PLUGINS="1",
+               ANSIBLE_STDOUT_CALLBACK="ansible.builtin.json", ANSIBLE_NOCOLOR="1")
+
+    def run(*extra):
+        proc = subprocess.run([str(Path(sys.executable).parent / "ansible-playbook"), str(tmp_path / "play.yml"),
+                               "-i", "localhost,", "-c", "local", "-e", f"ansible_python_interpreter={sys.executable}",
+                               *extra], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+        return json.loads(proc.stdout)["plays"][0]["tasks"][1]["hosts"]["localhost"]
+
+    assert not run().get("failed")
+    bad = run("-e", "pd_container_pull=bogus", "-e", "pd_proxy_smoke_max_tokens=x", "-e", "pd_rollout_scan_lines=y",
+              "-e", "pd_engine_role=all")
+    assert bad["failed"]
+    errors = "\n".join(bad["argument_errors"])
+    assert "pd_container_pull must be one of: never, missing, always, got: bogus" in errors
+    assert "'pd_proxy_smoke_max_tokens'" in errors and "'pd_rollout_scan_lines'" in errors
+    # the options the rollout's roles pass themselves are not in this check
+    assert set(bad["argument_spec_data"]).isdisjoint(_tasks(ROLES / "pd_rollout/vars/main.yml")["_pd_rollout_passed_options"])
+    assert {"pd_container_health_delay", "pd_proxy_smoke", "pd_rollout_lock_dir"} <= set(bad["argument_spec_data"])
