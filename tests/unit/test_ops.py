@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import yaml
@@ -96,12 +97,21 @@ def _inventory(tmp_path, p_port, d_port, proxy_port):
     return inv, raw
 
 
-def _run(playbook, inventory, tmp_path, *extra):
+def _run(playbook, inventory, tmp_path, *extra, build="build", reports="reports"):
     env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(REPO, "ansible.cfg"), ANSIBLE_NOCOLOR="1",
                ANSIBLE_LOCAL_TEMP=str(tmp_path / "ansible-tmp"))
     cmd = [ANSIBLE_PLAYBOOK, os.path.join(REPO, "playbooks", playbook), "-i", str(inventory),
-           "-e", f"pd_plan_build_dir={tmp_path / 'build'}", "-e", f"pd_ops_reports_dir={tmp_path / 'reports'}", *extra]
+           "-e", f"pd_plan_build_dir={tmp_path / build}", "-e", f"pd_ops_reports_dir={tmp_path / reports}", *extra]
     return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+
+
+def _run_together(*runs):
+    """Several independent ``_run(...)`` argument tuples at once (each ansible-playbook is one process
+    mostly on one core, so on 2 cores two runs take about the time of one); their results in order.
+    Runs that share a reports directory must write different files; each gets a build dir of its own."""
+    with ThreadPoolExecutor(max_workers=len(runs)) as pool:
+        futures = [pool.submit(_run, *args, build=f"build-{i}", **kwargs) for i, (args, kwargs) in enumerate(runs)]
+        return [future.result() for future in futures]
 
 
 @pytest.fixture
@@ -119,7 +129,18 @@ def test_health_check_playbook_reports_preemptions_and_fails_on_critical_when_as
     standins["decode"].reset(pages)
     standins["prefill"].reset([page({"running": 1, "waiting": 2})])
     args = ("-e", "pd_ops_scrape_interval=0", "-e", f"pd_ops_docker_socket={tmp_path / 'no-docker.sock'}")
-    done = _run("health-check.yml", inv, tmp_path, *args)
+    # the run with pd_health_fail_on_critical: stand-ins of its own serving the same pages from the first
+    # scrape on, an inventory and reports of its own, so it runs at the same time as the first run
+    fresh = {"prefill": StandIn([page({"running": 1, "waiting": 2})]), "decode": StandIn(pages), "proxy": StandIn()}
+    try:
+        inv_fresh, _ = _inventory(tmp_path / "fresh", fresh["prefill"].port, fresh["decode"].port, fresh["proxy"].port)
+        done, failed = _run_together(
+            (("health-check.yml", inv, tmp_path, *args), {}),
+            (("health-check.yml", inv_fresh, tmp_path, *args, "-e", "pd_health_fail_on_critical=true"),
+             {"reports": "reports-fresh"}))
+    finally:
+        for server in fresh.values():
+            server.close()
     assert done.returncode == 0, done.stdout + done.stderr
     health = json.loads((tmp_path / "reports" / "t1" / "health.json").read_text())
     seqs = model.normalize("t1", copy.deepcopy(raw))["roles"]["decode"]["engine"]["max_num_seqs"]
@@ -129,9 +150,6 @@ def test_health_check_playbook_reports_preemptions_and_fails_on_critical_when_as
     stuck = [f for f in health["findings"] if f["signal"] == "vllm:num_requests_running"]
     assert stuck and "raise prefill.engine.max_num_batched_tokens" not in stuck[0]["action"]  # 32768 already fits
     assert "t1: CRITICAL" in done.stdout
-    for server in standins.values():
-        server.reset()
-    failed = _run("health-check.yml", inv, tmp_path, *args, "-e", "pd_health_fail_on_critical=true")
     assert failed.returncode != 0
     assert "Critical findings in t1" in failed.stdout
 
@@ -144,8 +162,13 @@ def test_token_gate_playbook_fails_on_one_changed_token_and_passes_on_equal(tmp_
     try:
         inv, _ = _inventory(tmp_path, 40011, 40012, a.port)
         common = ("-e", f"pd_gate_prompts_file={tmp_path / 'prompts.yml'}")
-        failed = _run("token-gate.yml", inv, tmp_path, *common, "-e", f"pd_gate_a_url=http://127.0.0.1:{a.port}",
-                      "-e", f"pd_gate_b_url=http://127.0.0.1:{b.port}")
+        # the compare of A against B and the two records of A at the same time (the records write
+        # gate-before/after.json, the compare gate-result.json); the compare of the records after them
+        failed, *records = _run_together(
+            (("token-gate.yml", inv, tmp_path, *common, "-e", f"pd_gate_a_url=http://127.0.0.1:{a.port}",
+              "-e", f"pd_gate_b_url=http://127.0.0.1:{b.port}"), {}),
+            *[(("token-gate.yml", inv, tmp_path, *common, "-e", "pd_gate_mode=record", "-e", f"pd_gate_label={label}"), {})
+              for label in ("before", "after")])  # default endpoint: the cluster's proxy (here: stand-in A)
         assert failed.returncode != 0
         result = json.loads((tmp_path / "reports" / "t1" / "gate-result.json").read_text())
         words = answer_words("second prompt", 6)
@@ -153,8 +176,7 @@ def test_token_gate_playbook_fails_on_one_changed_token_and_passes_on_equal(tmp_
         assert result["passed"] is False
         assert [(m["prompt_index"], m["first_diverging_position"]) for m in result["mismatches"]] == [(1, pos)]
         assert f"prompt 1: first difference at character {pos}" in failed.stdout
-        for label in ("before", "after"):   # default endpoint: the cluster's proxy (here: stand-in A)
-            rec = _run("token-gate.yml", inv, tmp_path, *common, "-e", "pd_gate_mode=record", "-e", f"pd_gate_label={label}")
+        for rec in records:
             assert rec.returncode == 0, rec.stdout + rec.stderr
         cmp_ = _run("token-gate.yml", inv, tmp_path, *common, "-e", "pd_gate_mode=compare",
                     "-e", "pd_gate_before=before", "-e", "pd_gate_after=after")
@@ -169,7 +191,9 @@ def test_token_gate_playbook_fails_on_one_changed_token_and_passes_on_equal(tmp_
 @pytest.mark.ansible
 def test_capacity_and_monitoring_playbooks_write_their_files(tmp_path):
     inv, raw = _inventory(tmp_path, 40021, 40022, 40023)
-    done = _run("capacity-report.yml", inv, tmp_path)
+    # the first capacity report and the monitoring files at the same time (different files)
+    done, mon = _run_together((("capacity-report.yml", inv, tmp_path), {}),
+                              (("monitoring.yml", inv, tmp_path, "-e", f"pd_monitoring_dir={tmp_path / 'monitoring'}"), {}))
     assert done.returncode == 0, done.stdout + done.stderr
     out = tmp_path / "reports" / "t1"
     assert json.loads((out / "capacity.json").read_text())["source"] == "estimate"
@@ -180,7 +204,6 @@ def test_capacity_and_monitoring_playbooks_write_their_files(tmp_path):
     again = _run("capacity-report.yml", inv, tmp_path)
     assert again.returncode == 0, again.stdout + again.stderr
     assert json.loads((out / "capacity.json").read_text())["source"] == "measured"
-    mon = _run("monitoring.yml", inv, tmp_path, "-e", f"pd_monitoring_dir={tmp_path / 'monitoring'}")
     assert mon.returncode == 0, mon.stdout + mon.stderr
     prom = yaml.safe_load((tmp_path / "monitoring" / "prometheus.yml").read_text())
     targets = [t["targets"][0] for t in prom["scrape_configs"][0]["static_configs"]]
