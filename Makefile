@@ -2,7 +2,8 @@
 #   make demo   venv + render-only run of the main playbook on the embedded inventories (no hardware)
 #   make test   venv + lint + unit/render tests + Molecule scenarios on a local Docker engine (lint and
 #               unit beside the Molecule lanes: tests/harness/run-tests.sh; PD_TEST_SERIAL=1 one by one)
-#   make collection  build/collection/pd-deploy-<version>.tar.gz (Ansible collection pd.deploy, no Galaxy)
+#   make collection  build/collection/pd-deploy-<version>.tar.gz: `ansible-galaxy collection build` of the
+#               checkout, which is the collection pd.deploy (galaxy.yml at the top; no Galaxy needed)
 #   make docs   rewrite docs/reference/variables.md from the argument specs, schemas and data files
 SHELL := /bin/bash
 PYTHON ?= python3
@@ -38,7 +39,7 @@ test: venv
 	PATH="$(CURDIR)/$(BIN):$$PATH" MAKE="$(MAKE)" bash tests/harness/run-tests.sh
 
 collection: venv
-	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python tools/build-collection.py
+	$(BIN)/ansible-galaxy collection build --force --output-path build/collection .
 
 docs: venv
 	$(BIN)/python tools/variable_reference.py

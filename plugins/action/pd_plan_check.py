@@ -5,7 +5,7 @@ the files, show the capacity), each a worker process and about 0.2 s even when i
 re-run paid them all. This does the same in-process, in the same order, with the same texts:
 
 1. an inventory that cannot be planned (no cluster; the embedded demo inventory where containers
-   would start) fails first, before anything is written (``pd_deploy.report.summary.inventory_problem``);
+   would start) fails first, before anything is written (``plugin_utils.report.summary.inventory_problem``);
    deploy-pd.yml's rollout batch size (pd_cluster_batch) is refused after step 3, before step 4;
 2. the inventory's name (``inventory_note``) comes with every other result;
 3. a plan that breaks a rule fails, nothing written: its msg the counts (Ansible 2.19 prints a failed
@@ -14,41 +14,21 @@ re-run paid them all. This does the same in-process, in the same order, with the
    of the pd_write_files action (same manifest, same removal of the last run's files), and the result
    shows the capacity summary (``msg``) and the warnings, if any (``violations``).
 
-Documented in library/pd_plan_check.py (ansible-doc reads a module's docs there).
+Documented in plugins/modules/pd_plan_check.py (ansible-doc reads a module's docs there).
 """
-
-import importlib.util
-import os
-import sys
 
 from ansible.errors import AnsibleActionFail
 from ansible.module_utils.parsing.convert_bool import boolean
 from ansible.plugins.action import ActionBase
 from ansible.utils.display import Display
 
-_HERE = os.path.dirname(os.path.abspath(__file__))
-# pd_deploy/ sits next to action_plugins/ in the checkout, two levels above plugins/action/ in the
-# collection (tools/build-collection.py)
-for _root in (os.path.dirname(_HERE), os.path.dirname(os.path.dirname(_HERE))):
-    if os.path.isfile(os.path.join(_root, "pd_deploy", "__init__.py")):
-        if _root not in sys.path:
-            sys.path.insert(0, _root)
-        break
-
-from pd_deploy.report import summary as report  # noqa: E402
-from pd_deploy.rollout import order  # noqa: E402
+from ansible_collections.pd.deploy.plugins.action import pd_write_files
+from ansible_collections.pd.deploy.plugins.plugin_utils.report import summary as report
+from ansible_collections.pd.deploy.plugins.plugin_utils.rollout import order
 
 display = Display()
 _VALID = frozenset(("plan", "inventory", "cluster_hosts", "demo", "refuse_demo", "build_dir", "render_specs",
                     "cluster_batch", "parallel_clusters"))
-
-
-def _write_files_module():
-    """action_plugins/pd_write_files.py (plugins/action/ in the collection): one copy of the writing code."""
-    spec = importlib.util.spec_from_file_location("_pd_plan_check_write_files", os.path.join(_HERE, "pd_write_files.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def check(plan, inventory, cluster_hosts, demo=False, refuse_demo=False, build_dir="", render_specs=False,
@@ -105,7 +85,7 @@ class ActionModule(ActionBase):
         args = self._task.args
         for name in ("plan", "inventory", "cluster_hosts"):
             if name not in args:
-                raise AnsibleActionFail(f"pd_plan_check: {name} is required (see library/pd_plan_check.py)")
+                raise AnsibleActionFail(f"pd_plan_check: {name} is required (see plugins/modules/pd_plan_check.py)")
         inventory = args["inventory"]
         inventory = [inventory] if isinstance(inventory, str) else list(inventory or [])
         try:
@@ -118,7 +98,7 @@ class ActionModule(ActionBase):
         build_dir = str(args.get("build_dir") or "")
         try:
             out = check(args["plan"], inventory, hosts, flags["demo"], flags["refuse_demo"], build_dir,
-                        flags["render_specs"], write=_write_files_module().sync_files,
+                        flags["render_specs"], write=pd_write_files.sync_files,
                         cluster_batch=args.get("cluster_batch"), parallel_clusters=flags["parallel_clusters"])
         except ValueError as exc:
             raise AnsibleActionFail(f"pd_plan_check: build_dir: {exc} — write under build_dir") from exc

@@ -1,32 +1,26 @@
 """Ansible filters of pd-deploy.
 
-The logic lives in the ``pd_deploy`` package (pure functions, unit tested directly); this file only
+The logic lives in the collection's ``plugin_utils`` package (pure functions, unit tested directly;
+``ansible_collections.pd.deploy.plugins.plugin_utils``); this file only
 maps filter names to those functions, plus one adapter that turns Ansible's lazy ``hostvars`` into
 the plain dicts the core expects.
 """
 
 import functools
 import os
-import sys
 
 import yaml
 
-# pd_deploy is imported from the checkout this plugin belongs to (kolla-ansible installs its
-# filters' package with pip; here the repository is the package, so no install step is needed).
-_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if _REPO not in sys.path:
-    sys.path.insert(0, _REPO)
-
-from pd_deploy import ops  # noqa: E402
-from pd_deploy.hostcheck import compat, netchecks, prechecks  # noqa: E402
-from pd_deploy.ops import logparse  # noqa: E402
-from pd_deploy.plan import capacity, connectors, fleet, versions  # noqa: E402
-from pd_deploy.plan.fleet import HOST_VARS  # noqa: E402
-from pd_deploy.report import summary as report  # noqa: E402
-from pd_deploy.rollout import containers, failures, order  # noqa: E402
-from pd_deploy.shared import sizes  # noqa: E402
-from pd_deploy.validate import rules, secrets  # noqa: E402
-from pd_deploy.validate.inventory import HOST_PATH_VARS  # noqa: E402
+from ansible_collections.pd.deploy.plugins.plugin_utils import ops
+from ansible_collections.pd.deploy.plugins.plugin_utils.hostcheck import compat, netchecks, prechecks
+from ansible_collections.pd.deploy.plugins.plugin_utils.ops import logparse
+from ansible_collections.pd.deploy.plugins.plugin_utils.plan import capacity, connectors, fleet, versions
+from ansible_collections.pd.deploy.plugins.plugin_utils.plan.fleet import HOST_VARS
+from ansible_collections.pd.deploy.plugins.plugin_utils.report import summary as report
+from ansible_collections.pd.deploy.plugins.plugin_utils.rollout import containers, failures, order
+from ansible_collections.pd.deploy.plugins.plugin_utils.shared import sizes
+from ansible_collections.pd.deploy.plugins.plugin_utils.validate import rules, secrets
+from ansible_collections.pd.deploy.plugins.plugin_utils.validate.inventory import HOST_PATH_VARS
 
 _READ = ("pd_cluster", "ansible_host", "pd_allow_idle_hosts") + HOST_VARS + HOST_PATH_VARS
 

@@ -1,9 +1,10 @@
-"""Filters that exist only in the collection (tools/build-collection.py copies this file in).
+"""Where pd-deploy writes on the controller: the directory ansible-playbook was started in.
 
-In the repository, build output goes to <checkout>/build (``playbook_dir ~ '/../build'``). An installed
-collection is read-only data, so there the same defaults are rewritten to the directory ansible-playbook
-was started in, which only Python in the controller process knows: ``lookup('pipe', 'pwd')`` runs in
-the playbook's directory and ``$PWD`` is whatever the parent shell left.
+The default output directories (plan.json, launch specs, reports, logs) are ``build/`` under the working
+directory, the same from a checkout (``make demo`` runs at its top) and from an installed collection,
+which is read-only data: ``'build' | pd.deploy.pd_abspath``. Only Python in the controller process
+knows that directory: ``lookup('pipe', 'pwd')`` runs in the playbook's directory and ``$PWD`` is
+whatever the parent shell left.
 """
 
 import os
@@ -20,7 +21,7 @@ def pd_abspath(path):
 
 
 class FilterModule:
-    """Collection-only filters of pd-deploy."""
+    """The path filter of pd-deploy."""
 
     def filters(self):
         return {"pd_abspath": pd_abspath}

@@ -35,7 +35,7 @@ import tempfile
 import time
 import urllib.parse
 
-from ansible.module_utils.pd_http import container_gone, docker, request
+from ansible_collections.pd.deploy.plugins.module_utils.pd_http import container_gone, docker, request
 
 _IN_FLIGHT = re.compile(r"^vllm:num_requests_(?:running|waiting)(?:\{[^}]*\})?\s+([0-9.eE+-]+)\s*$", re.M)
 ROLES = ("prefill", "decode")

@@ -28,7 +28,7 @@ author: pd-deploy maintainers (!UNKNOWN)
 
 EXAMPLES = r"""
 - name: Read the last 40 lines of two ranks
-  pd_container_logs:
+  pd.deploy.pd_container_logs:
     names: [pd-cluster_a-decode0-dp0, pd-cluster_a-decode0-dp1]
     tail: "40"
   register: logs
@@ -47,7 +47,7 @@ import base64
 import urllib.parse
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.pd_http import docker_raw
+from ansible_collections.pd.deploy.plugins.module_utils.pd_http import docker_raw
 
 
 def read_logs(socket_path, names, tail):

@@ -46,7 +46,7 @@ author: pd-deploy maintainers (!UNKNOWN)
 
 EXAMPLES = r"""
 - name: Take the cluster's deploy lock
-  pd_deploy_lock:
+  pd.deploy.pd_deploy_lock:
     cluster: cluster_a
 """
 

@@ -78,7 +78,7 @@ author: pd-deploy maintainers (!UNKNOWN)
 
 EXAMPLES = r"""
 - name: Read the host
-  pd_host_probe:
+  pd.deploy.pd_host_probe:
     paths: [/dev/davinci0, /data/models/DeepSeek-V4-Flash]
     npu_smi: /usr/local/bin/npu-smi
     host_facts: true
@@ -169,8 +169,8 @@ import urllib.parse
 from concurrent.futures import ThreadPoolExecutor
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.pd_drain import listed_instances, load_serving, serving_view, started_at
-from ansible.module_utils.pd_http import docker, wait_all
+from ansible_collections.pd.deploy.plugins.module_utils.pd_drain import listed_instances, load_serving, serving_view, started_at
+from ansible_collections.pd.deploy.plugins.module_utils.pd_http import docker, wait_all
 
 LISTEN = "0A"
 

@@ -57,7 +57,7 @@ author: pd-deploy maintainers (!UNKNOWN)
 
 EXAMPLES = r"""
 - name: Wait for the ranks
-  pd_http_wait:
+  pd.deploy.pd_http_wait:
     checks:
       - {name: pd-cluster_a-decode0-dp0, url: "http://127.0.0.1:8200/health", timeout_s: 1800}
       - {name: pd-cluster_a-decode0-dp1, url: "http://127.0.0.1:8201/health", timeout_s: 1800}
@@ -84,7 +84,7 @@ all_ok:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.pd_http import container_gone, failed_summary, wait_all
+from ansible_collections.pd.deploy.plugins.module_utils.pd_http import container_gone, failed_summary, wait_all
 
 
 def main():

@@ -1,5 +1,5 @@
 #!/usr/bin/python
-"""Documentation of the pd_plan_check action plugin (action_plugins/pd_plan_check.py): it runs on the
+"""Documentation of the pd_plan_check action plugin (plugins/action/pd_plan_check.py): it runs on the
 controller only, so there is no module code here; ansible-doc reads a module's docs from this file, as
 for ansible.builtin.debug."""
 
@@ -68,7 +68,7 @@ author: pd-deploy maintainers (!UNKNOWN)
 
 EXAMPLES = r"""
 - name: Stop before touching any host when the fleet breaks a rule, else write and show the plan's summaries
-  pd_plan_check:
+  pd.deploy.pd_plan_check:
     plan: "{{ hostvars['localhost'].pd_plan_fleet }}"
     inventory: "{{ ansible_inventory_sources }}"
     cluster_hosts: "{{ groups['pd_clusters'] | default([]) | length }}"

@@ -73,7 +73,7 @@ author: pd-deploy maintainers (!UNKNOWN)
 
 EXAMPLES = r"""
 - name: Take decode rank 10.0.1.12:8200 out of the proxy
-  pd_proxy_drain:
+  pd.deploy.pd_proxy_drain:
     proxy_url: http://127.0.0.1:8000
     role: decode
     instances: ["10.0.1.12:8200"]
@@ -146,7 +146,7 @@ proxy_down:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.pd_drain import drain, load_serving, proxy_down, recorder, restore, started_at, wire
+from ansible_collections.pd.deploy.plugins.module_utils.pd_drain import drain, load_serving, proxy_down, recorder, restore, started_at, wire
 
 
 def main():

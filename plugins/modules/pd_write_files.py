@@ -1,5 +1,5 @@
 #!/usr/bin/python
-"""Documentation of the pd_write_files action plugin (action_plugins/pd_write_files.py).
+"""Documentation of the pd_write_files action plugin (plugins/action/pd_write_files.py).
 
 The action runs entirely on the controller and never transfers a module, so this file holds only the
 page that ``ansible-doc`` shows, the way ansible-core documents its own action-only plugins.
@@ -43,7 +43,7 @@ author: pd-deploy maintainers (!UNKNOWN)
 
 EXAMPLES = r"""
 - name: Write the launch specs of a render-only run
-  pd_write_files:
+  pd.deploy.pd_write_files:
     root: "{{ pd_plan_build_dir }}"
     owner: "{{ ansible_inventory_sources | join(', ') }}"
     files:

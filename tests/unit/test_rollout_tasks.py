@@ -96,8 +96,7 @@ def test_the_verdict_fails_on_failure_lines_warns_on_warning_lines_and_is_skippe
     (tmp_path / "play.yml").write_text(yaml.safe_dump(play))
     (tmp_path / "reads.json").write_text(json.dumps({"reads": read}))
     env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), ANSIBLE_LOAD_CALLBACK_PLUGINS="1",
-               ANSIBLE_STDOUT_CALLBACK="ansible.builtin.json", ANSIBLE_NOCOLOR="1",
-               ANSIBLE_FILTER_PLUGINS=str(REPO / "filter_plugins"))
+               ANSIBLE_STDOUT_CALLBACK="ansible.builtin.json", ANSIBLE_NOCOLOR="1")
     proc = subprocess.run([str(Path(sys.executable).parent / "ansible-playbook"), str(tmp_path / "play.yml"),
                            "-i", "failing,warning,clean", "-c", "local",
                            "-e", f"ansible_python_interpreter={sys.executable}", "-e", f"@{tmp_path / 'reads.json'}"],

@@ -1,7 +1,7 @@
 """The operator's workflow after a deploy (DOMAIN.md §5-§7): read signals, judge them, act on one knob.
 
 One module per step, each the plain functions behind the ``pd_*`` filters that
-``playbooks/health-check.yml``, ``baseline.yml``, ``capacity-report.yml``, ``token-gate.yml``,
+``playbooks/health_check.yml``, ``baseline.yml``, ``capacity_report.yml``, ``token_gate.yml``,
 ``tune.yml`` and ``monitoring.yml`` use:
 
 - ``metrics``: ``parse_metrics`` reads a vLLM ``/metrics`` page, ``metrics_window`` the change
@@ -24,5 +24,5 @@ from . import baseline, capacity_report, common, diagnosis, gate, metrics, monit
 #: The workflow's modules in the operator's order; each has its own FILTERS.
 STEPS = (common, metrics, diagnosis, gate, tuning, baseline, capacity_report, monitoring)
 
-#: Every filter of the workflow (filter_plugins/pd.py registers this mapping).
+#: Every filter of the workflow (plugins/filter/pd.py registers this mapping).
 FILTERS = {name: func for step in STEPS for name, func in step.FILTERS.items()}

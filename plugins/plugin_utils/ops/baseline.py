@@ -89,7 +89,7 @@ def baseline_failure(unhealthy, logs, host):
         if tail:
             lines.append(tail)
     lines.append("A max-model-len whose KV does not fit one request fails at start-up: choose smaller "
-                 "pd_ops_baseline_lengths, or check the devices with playbooks/deploy-pd.yml's prechecks.")
+                 "pd_ops_baseline_lengths, or check the devices with playbooks/deploy_pd.yml's prechecks.")
     return "\n".join(lines)
 
 
@@ -133,7 +133,7 @@ def baseline_report(boots, band=None, family=None, config=None):
     """KV footprint of a cluster from bare-engine boots at two max-model-len values (DOMAIN.md §5).
 
     ``boots``: ``[{max_model_len, log_text, name?, role?}]``, one per rank and length (the ranks'
-    start-up logs). ``band``: ``{min, max, source}`` override of pd_deploy/data/models.yml's band for
+    start-up logs). ``band``: ``{min, max, source}`` override of plugins/plugin_utils/data/models.yml's band for
     ``family``; ``config``: the cluster's ``pd_cluster`` (adds its P99 request length and
     configured max-model-len to the tables).
 

@@ -24,7 +24,7 @@ def _bytes_model(baseline, role, family):
                 "measured: playbooks/baseline.yml two-point fit", True)
     est = model_estimate(family)
     return (est["marginal_bytes_per_token"], est["fixed_bytes_per_request"],
-            f"configured estimate: pd_deploy/data/models.yml ({est['source']})", False)
+            f"configured estimate: plugins/plugin_utils/data/models.yml ({est['source']})", False)
 
 
 def capacity_report(summary, baseline=None, config=None):
@@ -32,7 +32,7 @@ def capacity_report(summary, baseline=None, config=None):
 
     ``summary``: the cluster's entry of the fleet plan (``plan.clusters[<name>]``, with ``capacity``);
     ``baseline``: a ``baseline_report`` (its fit is used when present, else the configured estimate
-    of pd_deploy/data/models.yml, and the report says which); ``config``: the cluster's ``pd_cluster``
+    of plugins/plugin_utils/data/models.yml, and the report says which); ``config``: the cluster's ``pd_cluster``
     (workload and engine values; the defaults' workload without it).
 
     Per role: KV budget per host / per DP group / per worker (group / TP), the footprint of a P99
@@ -212,7 +212,7 @@ def capacity_reports(plan, clusters, configs=None, baselines=None):
 
     ``plan``: the fleet plan; ``configs``: {cluster: pd_cluster}; ``baselines``: {path: JSON text} of
     the ``<reports dir>/<cluster>/baseline.json`` files found (the directory names the cluster; a
-    cluster without one gets the configured estimate). capacity-report.yml computes every cluster in
+    cluster without one gets the configured estimate). capacity_report.yml computes every cluster in
     this one call on the controller instead of a task per cluster.
     """
     where = "pd_capacity_reports"

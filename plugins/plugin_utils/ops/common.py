@@ -1,5 +1,5 @@
 """What every step of the operator's workflow reads: a model family's expected KV footprint
-(pd_deploy/data/models.yml), the normalized cluster, and byte figures for the reports."""
+(plugins/plugin_utils/data/models.yml), the normalized cluster, and byte figures for the reports."""
 
 from collections.abc import Mapping
 
@@ -11,7 +11,7 @@ DEFAULT_FAMILY = "deepseek_v4_flash"
 
 
 def models():
-    """A fresh copy of pd_deploy/data/models.yml (expected KV footprint per model family)."""
+    """A fresh copy of plugins/plugin_utils/data/models.yml (expected KV footprint per model family)."""
     return datafiles.yaml_data("models.yml")
 
 
@@ -19,7 +19,7 @@ def _family(family, where):
     data = models()
     name = family or DEFAULT_FAMILY
     if name not in data:
-        raise PdError(where, "family", f"{name!r} is not in pd_deploy/data/models.yml",
+        raise PdError(where, "family", f"{name!r} is not in plugins/plugin_utils/data/models.yml",
                       f"use one of {', '.join(sorted(data))} (pd_cluster.model.family) or add the family there")
     return data[name]
 

@@ -441,8 +441,8 @@ def health_ranks(specs, first_results, second_results, log_results=None, config=
         if problems or not samples:
             findings.append(_finding(
                 "critical", "GET /metrics", "; ".join(problems) or "no answer",
-                "the rank is down or not serving", f"read its log (playbooks/collect-logs.yml), then "
-                f"playbooks/deploy-pd.yml --limit {spec['cluster']}", rank_where))
+                "the rank is down or not serving", f"read its log (playbooks/collect_logs.yml), then "
+                f"playbooks/deploy_pd.yml --limit {spec['cluster']}", rank_where))
         else:  # judge the signals only over a complete window (a lone sample misreads counters)
             findings.extend(diagnose(samples, spec["role"], config, log_text=log_text, where=rank_where,
                                      kv_high=kv_high, sustain=sustain))
@@ -463,7 +463,7 @@ def health_ranks(specs, first_results, second_results, log_results=None, config=
             shown = _http_problem(proxy_result)
             findings.append(_finding(
                 "critical", "GET /healthcheck", shown, "the PD proxy is down: no request is served",
-                f"playbooks/deploy-pd.yml --limit {proxy['cluster']} re-creates it; its log: playbooks/collect-logs.yml",
+                f"playbooks/deploy_pd.yml --limit {proxy['cluster']} re-creates it; its log: playbooks/collect_logs.yml",
                 f"{proxy['cluster']}/proxy {proxy['name']}"))
         out.append({"name": proxy["name"], "cluster": proxy["cluster"], "role": "proxy", "host": proxy.get("host"),
                     "port": (proxy.get("ports") or {}).get("http"), "reachable": status == 200, "samples": [],

@@ -1,6 +1,6 @@
 """Capacity arithmetic from the article (DOMAIN.md §4, §5): KV budget, token budgets, concurrency.
 
-All functions are pure; sizes accept human strings (``"64GiB"``) through ``pd_deploy.sizes``.
+All functions are pure; sizes accept human strings (``"64GiB"``) through ``plugin_utils.sizes``.
 Ratios such as ``gpu_memory_utilization`` are taken at their decimal value (0.85 is 17/20), and
 byte and token results are rounded down, so the figures are exact and repeatable.
 """
@@ -20,7 +20,7 @@ DANGER_ZONE = 65536
 START_MAX_NUM_SEQS = 32
 
 #: The article's "KV cache takes ~60% of the budget" (§3.4): a rule of thumb that assumes the weights
-#: fit; used only for model families without weights data in pd_deploy/data/models.yml.
+#: fit; used only for model families without weights data in plugins/plugin_utils/data/models.yml.
 ARTICLE_KV_SHARE = 0.6
 
 #: VLLM_PREFIX_CACHE_RETENTION_INTERVAL = this x block size (article: block 32 -> 4096).
@@ -246,7 +246,7 @@ RAM_GUIDANCE_RAM = 512 * 1024 ** 3
 def _mapping(value, field, where):
     if not isinstance(value, dict):
         raise PdError(where, field, f"expected a mapping, got {type(value).__name__}",
-                      f"give {field} as in pd_deploy/data/models.yml")
+                      f"give {field} as in plugins/plugin_utils/data/models.yml")
     return value
 
 
@@ -261,7 +261,7 @@ def _entry(table, key, table_field, field, where, fix):
 def weights_per_npu(weights, quantization, tp, dp=1, expert_parallel=True):
     """Estimated weight bytes one NPU of a DP x TP instance holds.
 
-    ``weights`` is a model family's ``weights`` entry of pd_deploy/data/models.yml
+    ``weights`` is a model family's ``weights`` entry of plugins/plugin_utils/data/models.yml
     (``n_routed_experts``, ``expert_params``, ``dense_params``, ``quantizations``). The dense part
     is TP-sharded: dense_params x dense_bits / 8 / tp. Routed experts: with expert parallel the EP
     group is the DP x TP ranks of the instance and each rank holds ceil(n_routed_experts / ep) of
@@ -353,7 +353,7 @@ DEVICE_FAMILIES = ("a2", "a3")
 def kv_bytes_per_token(layout, device_family="a2"):
     """Marginal KV cache bytes per token per worker (NPU) derived from a model's cache layout.
 
-    ``layout`` is a family's ``kv_cache_layout`` entry of pd_deploy/data/models.yml: the number of
+    ``layout`` is a family's ``kv_cache_layout`` entry of plugins/plugin_utils/data/models.yml: the number of
     layers per compress ratio, the attention cache's head size, the indexer cache (head size, scale
     entries, the ratios that have one) and, per device family, the bytes of each element. A layer
     of compress ratio r keeps one cache entry per r tokens (one latent head, held whole by every
@@ -509,7 +509,7 @@ def weights_fit_problems(cluster, role, hosts):
                    f"{to_human(host['hbm_per_npu_bytes'])} x gpu_memory_utilization "
                    f"{rcfg['engine']['gpu_memory_utilization']} = {to_human(b['usable_per_npu_bytes'])} "
                    f"(of the {to_human(b['exposed_per_npu_bytes'])} the device exposes): "
-                   f"no HBM is left for KV, the engine cannot start (estimate, pd_deploy/data/models.yml)")
+                   f"no HBM is left for KV, the engine cannot start (estimate, plugins/plugin_utils/data/models.yml)")
         fixes = []
         for factor in (2, 4, 8):
             dp = rcfg["dp"] * factor

@@ -261,7 +261,7 @@ def additional_config(role_cfg, row, extra=None):
             out.setdefault("scheduler_config", {})["recompute_scheduler_enable"] = True
         else:
             raise PdError(where, "row.recompute_scheduler_key", f"{key!r} is neither 'top' nor 'nested'",
-                          "fix the row in pd_deploy/data/versions.yml")
+                          "fix the row in plugins/plugin_utils/data/versions.yml")
     return out or None
 
 

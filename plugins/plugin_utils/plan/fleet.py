@@ -111,7 +111,7 @@ def _group_hosts(fleet, violations, incomplete):
 
 
 def break_lock_warnings(hosts):
-    """pd_deploy_break_lock kept in the inventory (filter_plugins/pd.py marks where), once per file."""
+    """pd_deploy_break_lock kept in the inventory (plugins/filter/pd.py marks where), once per file."""
     kept = {}
     for host in hosts:
         mark = (host.get("vars") or {}).get("pd_deploy_break_lock")
@@ -140,7 +140,7 @@ def _kv_figures(cluster, role, hosts, topo):
         worst = est["hosts"][est["worst"]]
         per_npu = worst["kv_per_npu_bytes"]
         basis = (f"weights: {est['quantization']} {est['family']} "
-                 f"(pd_deploy/data/models.yml), HBM the device exposes x gpu_memory_utilization - weights - reserve")
+                 f"(plugins/plugin_utils/data/models.yml), HBM the device exposes x gpu_memory_utilization - weights - reserve")
         extra = {"weights_per_npu_bytes": worst["weights"]["total_bytes"],
                  "reserve_per_npu_bytes": worst["reserve"]["total_bytes"],
                  "usable_per_npu_bytes": worst["usable_per_npu_bytes"],
@@ -156,7 +156,7 @@ def _kv_figures(cluster, role, hosts, topo):
                                                                        "gpu_memory_utilization", "pd_capacity")
                           * share) for h in hosts)
         basis = (f"article rule of thumb: HBM x gpu_memory_utilization x {share} (no weights data for model "
-                 f"family {cluster['model'].get('family')!r} in pd_deploy/data/models.yml)")
+                 f"family {cluster['model'].get('family')!r} in plugins/plugin_utils/data/models.yml)")
         extra = {"weights_fit": None}
     return dict({
         "kv_estimate_basis": basis,
@@ -316,7 +316,7 @@ def port_collisions(specs, address_of, machine_of=None):
 
 
 def _port_claims(result):
-    """Port claims (pd_deploy/ports.py) of a cluster that rendered; [] for one that did not."""
+    """Port claims (plugins/plugin_utils/ports.py) of a cluster that rendered; [] for one that did not."""
     if not result["specs"]:
         return []
     try:

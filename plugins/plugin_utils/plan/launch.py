@@ -61,7 +61,7 @@ def compact_json(value):
 
 
 #: where the proxy's host keeps, per proxy, the key each instance serves under (pd_proxy_drain: a restore
-#: under traffic adds an instance back under an alias of its address; module_utils/pd_drain.py)
+#: under traffic adds an instance back under an alias of its address; plugins/module_utils/pd_drain.py)
 PROXY_STATE_DIR = "/var/lib/pd-deploy/proxy"
 
 #: in the proxy's container: the backend lists of the plan as proxy flags, written by the deploy into the

@@ -43,7 +43,7 @@ RECIPE_ROLE_KEYS = ("enforce_eager", "num_speculative_tokens", "speculative_enfo
 
 
 def family_recipe(family, where="pd_family_recipe"):
-    """A fresh copy of the launch recipe of a model family (pd_deploy/data/models.yml ``recipe``)."""
+    """A fresh copy of the launch recipe of a model family (plugins/plugin_utils/data/models.yml ``recipe``)."""
     data = datafiles.yaml_data("models.yml")
     if not isinstance(family, str) or not isinstance(data.get(family), dict) or "recipe" not in data[family]:
         known = ", ".join(sorted(k for k, v in data.items() if isinstance(v, dict) and "recipe" in v))
@@ -86,7 +86,7 @@ def _resolve_role_recipe(merged, fam_role):
 
 
 def defaults():
-    """Return a fresh copy of pd_deploy/data/defaults.yml (callers may mutate it)."""
+    """Return a fresh copy of plugins/plugin_utils/data/defaults.yml (callers may mutate it)."""
     return datafiles.yaml_data("defaults.yml")
 
 
@@ -173,7 +173,7 @@ def host_record(name, role, hostvars_subset):
     """Build the host record of docs/design.md from a host's pd_* variables (plain dict).
 
     The IP address (pd_host_address / ansible_host), pd_hccl_if and pd_host_ram have no default
-    (pd_deploy/inventory.py): a missing one raises PdError naming the host and the field.
+    (plugins/plugin_utils/inventory.py): a missing one raises PdError naming the host and the field.
     """
     from ..validate import inventory  # local: inventory reads the roles, model stays importable alone
 

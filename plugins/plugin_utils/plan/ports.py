@@ -2,7 +2,7 @@
 
 Engines run with host networking, so every listener of every rank is a port of its host. Besides the
 ports the launch spec names (HTTP ``--port``, ``--data-parallel-rpc-port`` on rank 0, the Mooncake
-``kv_port`` range), three libraries draw listeners from fixed windows (pd_deploy/data/ports.yml):
+``kv_port`` range), three libraries draw listeners from fixed windows (plugins/plugin_utils/data/ports.yml):
 
 * Mooncake's Ascend direct transport: per NPU ``base + id x stride .. base + (id + 1) x stride``,
   both ends, stride and id by Mooncake version (the image's, a column of versions.yml);
@@ -28,7 +28,7 @@ RENDERED = ("http", "dp_rpc", "kv", "proxy")
 
 
 def facts():
-    """A fresh copy of pd_deploy/data/ports.yml."""
+    """A fresh copy of plugins/plugin_utils/data/ports.yml."""
     return datafiles.yaml_data("ports.yml")
 
 
@@ -36,7 +36,7 @@ def _version_key(version, where="pd_mooncake_transport"):
     match = _VERSION_RE.match(str(version).strip())
     if not match:
         raise PdError(where, "mooncake_version", f"{version!r} is not a Mooncake release (e.g. 0.3.11.post1)",
-                      "fix mooncake_version in pd_deploy/data/versions.yml")
+                      "fix mooncake_version in plugins/plugin_utils/data/versions.yml")
     return tuple(int(g or 0) for g in match.groups())
 
 

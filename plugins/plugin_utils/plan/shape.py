@@ -1,4 +1,4 @@
-"""The shape check of the inventory: JSON Schema errors (schemas/*.schema.json) as violations an
+"""The shape check of the inventory: JSON Schema errors (plugins/plugin_utils/schemas/*.schema.json) as violations an
 operator can act on, with dotted field paths, numbers quoted by mistake and NaN named as such."""
 
 import math
@@ -12,7 +12,7 @@ from ..validate.violation import violation
 
 
 def schema(name):
-    """A fresh copy of ``schemas/<name>``."""
+    """A fresh copy of ``plugins/plugin_utils/schemas/<name>``."""
     return datafiles.schema(name)
 
 
@@ -53,12 +53,12 @@ def _type_explained(err, schema_name):
         if value.is_integer():
             return (f"{value!r} is a float, the field takes a whole number: rendered it would read "
                     f"{value!r}, which vLLM's and the proxy's int parsers refuse at start",
-                    f"write {int(value)} (see schemas/{schema_name})")
-        return f"{value!r} is not a whole number", f"write a whole number (see schemas/{schema_name})"
+                    f"write {int(value)} (see plugins/plugin_utils/schemas/{schema_name})")
+        return f"{value!r} is not a whole number", f"write a whole number (see plugins/plugin_utils/schemas/{schema_name})"
     if ("integer" in expected or "number" in expected) and _number_text(value):
         kind = "a whole number" if "integer" in expected else "a number"
         return (f"{value!r} is quoted text, the field takes {kind}",
-                f"write {value.strip()} without quotes (see schemas/{schema_name})")
+                f"write {value.strip()} without quotes (see plugins/plugin_utils/schemas/{schema_name})")
     return None
 
 
@@ -107,17 +107,17 @@ def _explain(err, schema_name):
                  if isinstance(c, dict)]
         expected = description or " or ".join(str(k) for k in kinds if k)
         return (f"{_shown(err.instance)} is not valid: expected {expected}",
-                f"see schemas/{schema_name} for the accepted values")
+                f"see plugins/plugin_utils/schemas/{schema_name} for the accepted values")
     if err.validator == "pattern":
         expected = description or f"text matching {err.validator_value}"
-        return f"{_shown(err.instance)} is not valid: expected {expected}", f"see schemas/{schema_name}"
+        return f"{_shown(err.instance)} is not valid: expected {expected}", f"see plugins/plugin_utils/schemas/{schema_name}"
     if err.validator == "propertyNames":
         return (f"{_shown(err.instance)} has a key that is not valid: {description or err.message}",
-                f"see schemas/{schema_name}")
+                f"see plugins/plugin_utils/schemas/{schema_name}")
     message = err.message
     if description and err.validator in ("type", "minimum", "maximum", "minLength", "enum", "not"):
         message = f"{message} ({description})"
-    return message, f"see schemas/{schema_name} for the accepted values"
+    return message, f"see plugins/plugin_utils/schemas/{schema_name} for the accepted values"
 
 
 def shape_violations(instance, schema_name, where, prefix=""):

@@ -1,4 +1,4 @@
-"""Per-version keys of vllm-ascend, read from ``pd_deploy/data/versions.yml``.
+"""Per-version keys of vllm-ascend, read from ``plugins/plugin_utils/data/versions.yml``.
 
 The table holds one row per release line ("0.23", "0.25", ..., "main"); ``version_row`` maps a
 concrete version string to its line and returns a private copy of the row, so a caller that edits
@@ -42,7 +42,7 @@ def _check_table(table):
     where = "pd_version_row"
     if not isinstance(table, dict) or not table:
         raise PdError(where, "versions.yml", "is empty or not a mapping of release lines",
-                      "restore pd_deploy/data/versions.yml from the repository")
+                      "restore plugins/plugin_utils/data/versions.yml from the repository")
     for line, row in table.items():
         if not isinstance(line, str) or not isinstance(row, dict):
             raise PdError(where, f"versions.yml.{line}", "is not a quoted line name with a mapping",
@@ -52,32 +52,32 @@ def _check_table(table):
             if isinstance(value, bool) or not isinstance(value, kind):
                 raise PdError(where, f"versions.yml.{line}.{key}",
                               f"{value!r} is not a {kind.__name__}",
-                              "fix the row in pd_deploy/data/versions.yml")
+                              "fix the row in plugins/plugin_utils/data/versions.yml")
         cache = row["kv_peer_cache"]
         if not (isinstance(cache.get("keyed_by"), list) and isinstance(cache.get("refreshed"), str)
                 and isinstance(cache.get("engine_id_suffix_per_process"), bool)
                 and isinstance(cache.get("sources"), list) and cache["sources"]):
             raise PdError(where, f"versions.yml.{line}.kv_peer_cache",
                           f"{cache!r} lacks keyed_by (list), refreshed, engine_id_suffix_per_process "
-                          "(true/false) or sources", "fix the row in pd_deploy/data/versions.yml")
+                          "(true/false) or sources", "fix the row in plugins/plugin_utils/data/versions.yml")
         tag = row.get("image_tag")
         if tag is not None and (not isinstance(tag, str) or not tag):
             raise PdError(where, f"versions.yml.{line}.image_tag", f"{tag!r} is not a tag or null",
-                          "fix the row in pd_deploy/data/versions.yml")
+                          "fix the row in plugins/plugin_utils/data/versions.yml")
         if not isinstance(row.get("image_has_jemalloc"), bool):
             raise PdError(where, f"versions.yml.{line}.image_has_jemalloc",
                           f"{row.get('image_has_jemalloc')!r} is not true or false",
-                          "fix the row in pd_deploy/data/versions.yml")
+                          "fix the row in plugins/plugin_utils/data/versions.yml")
         offload = row.get("offloading_connector")
         if not isinstance(offload, dict) or not isinstance(offload.get("usable"), bool) or \
                 not isinstance(offload.get("reason"), str) or not offload["reason"].strip():
             raise PdError(where, f"versions.yml.{line}.offloading_connector", f"{offload!r} is not {{usable, reason}}",
-                          "fix the row in pd_deploy/data/versions.yml")
+                          "fix the row in plugins/plugin_utils/data/versions.yml")
         for key, choices in _CHOICES.items():
             if row[key] not in choices:
                 raise PdError(where, f"versions.yml.{line}.{key}",
                               f"{row[key]!r} is not one of {', '.join(choices)}",
-                              "fix the row in pd_deploy/data/versions.yml")
+                              "fix the row in plugins/plugin_utils/data/versions.yml")
 
 
 @functools.lru_cache(maxsize=1)
@@ -125,10 +125,10 @@ def version_row(version):
     table = _table()
     if line not in table:
         problem = (f"{version!r} is not a version string" if line is None
-                   else f"{version!r} (line {line}) is not in pd_deploy/data/versions.yml")
+                   else f"{version!r} (line {line}) is not in plugins/plugin_utils/data/versions.yml")
         raise PdError(where, "vllm_ascend_version", problem,
                       f"use a release of one of the known lines: {', '.join(known)}; "
-                      "for a new line, add a row to pd_deploy/data/versions.yml after checking its sources")
+                      "for a new line, add a row to plugins/plugin_utils/data/versions.yml after checking its sources")
     row = copy.deepcopy(table[line])
     row["line"] = line
     return row

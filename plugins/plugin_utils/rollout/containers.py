@@ -353,7 +353,7 @@ def sick_current(specs, probe):
             why = f"HTTP {res['status']}" if res.get("status") else (res.get("error") or "no answer")
             out.append(f"{spec['name']} runs its current launch spec but {spec['health_url']} does not answer "
                        f"({why}) — nothing was restarted; if it is still loading (restarted by Docker), re-run "
-                       "once it answers; otherwise read its log (playbooks/collect-logs.yml), fix the cause, "
+                       "once it answers; otherwise read its log (playbooks/collect_logs.yml), fix the cause, "
                        "and remove the container to let the next run recreate it")
     return out
 
@@ -389,8 +389,8 @@ def rollback_message(unhealthy, logs, replaced, host, restored_unhealthy=None):
         tail = log_tail(logs.get(name))
         if tail:
             lines.append("  last log lines:\n" + tail)
-    lines.append("Fix the launch spec (playbooks/deploy-pd.yml -e pd_render_only=true shows it), "
-                 "or run playbooks/collect-logs.yml for the full logs, then re-run the deploy.")
+    lines.append("Fix the launch spec (playbooks/deploy_pd.yml -e pd_render_only=true shows it), "
+                 "or run playbooks/collect_logs.yml for the full logs, then re-run the deploy.")
     return "\n".join(lines)
 
 

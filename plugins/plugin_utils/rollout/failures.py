@@ -1,4 +1,4 @@
-"""Scan rank logs for the known failure lines of pd_deploy/data/known_failures.yml.
+"""Scan rank logs for the known failure lines of plugins/plugin_utils/data/known_failures.yml.
 
 The table is data (pattern, severity, source, fix); this module only loads it, checks its shape
 and matches log text against it. ``scan_logs`` is what the post-deploy task calls: one finding per
@@ -12,7 +12,7 @@ from ..shared.errors import PdError
 
 SEVERITIES = ("fail", "warn")
 _KEYS = ("id", "pattern", "severity", "source", "fix")
-_WHERE = "pd_deploy/data/known_failures.yml"
+_WHERE = "plugins/plugin_utils/data/known_failures.yml"
 
 
 def table(data=None):
@@ -101,7 +101,7 @@ def proxy_answer_problems(name, result):
     if not isinstance(result, dict):
         raise PdError("pd_proxy_answer_problems", "result", f"is {type(result).__name__}, not a uri result")
     status = result.get("status")
-    fix = ("read the decode ranks' logs (playbooks/collect-logs.yml) and the proxy's; a decode rank that "
+    fix = ("read the decode ranks' logs (playbooks/collect_logs.yml) and the proxy's; a decode rank that "
            "failed or refused the request is the usual cause")
     if status != 200:
         why = result.get("msg") or "no answer"

@@ -1,4 +1,6 @@
-"""The package's data files (pd_deploy/data/*.yml, schemas/*.json), read once, handed out as copies.
+"""The package's data files (plugins/plugin_utils/data/*.yml, plugins/plugin_utils/schemas/*.json), read once,
+handed out as copies. Both folders sit inside the package (plugin_utils), so the checkout and the installed
+collection read them at the same place.
 
 Each file is parsed once and cached as pickled bytes (immutable); every caller unpickles a fresh
 object it may mutate, so no call can change what the next one sees. Parsing the YAML again on every
@@ -13,9 +15,9 @@ import os
 
 import yaml
 
-# this file is pd_deploy/shared/datafiles.py: the package is one level up, the repository two
+# this file is plugins/plugin_utils/shared/datafiles.py: the package (plugin_utils) is one level up
 _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-_DIRS = {"data": os.path.join(_PACKAGE, "data"), "schemas": os.path.join(os.path.dirname(_PACKAGE), "schemas")}
+_DIRS = {"data": os.path.join(_PACKAGE, "data"), "schemas": os.path.join(_PACKAGE, "schemas")}
 
 
 @functools.lru_cache(maxsize=None)
@@ -31,10 +33,10 @@ def _frozen(folder, name):
 
 
 def yaml_data(name):
-    """A fresh copy of ``pd_deploy/data/<name>``."""
+    """A fresh copy of ``plugins/plugin_utils/data/<name>``."""
     return pickle.loads(_frozen("data", name))
 
 
 def schema(name):
-    """A fresh copy of ``schemas/<name>``."""
+    """A fresh copy of ``plugins/plugin_utils/schemas/<name>``."""
     return pickle.loads(_frozen("schemas", name))

@@ -5,7 +5,7 @@
 - ``owned_violations(cluster)`` (part of the above): ``extra_args``, ``env`` and ``additional_config``
   must not set a flag, a variable or a JSON key the renderer sets (a second ``--port``,
   ``--tokenizer-mode``, ``ASCEND_RT_VISIBLE_DEVICES``, ``recompute_scheduler_enable``): the one table
-  pd_deploy/data/owned_keys.yml names each rendered key's owner, which the message names.
+  plugins/plugin_utils/data/owned_keys.yml names each rendered key's owner, which the message names.
 """
 
 import ipaddress
@@ -34,7 +34,7 @@ SHORT_FLAGS["-cc"] = "--compilation-config"
 
 
 def owned_keys():
-    """pd_deploy/data/owned_keys.yml: every rendered flag, env variable and JSON key with its owner."""
+    """plugins/plugin_utils/data/owned_keys.yml: every rendered flag, env variable and JSON key with its owner."""
     return datafiles.yaml_data("owned_keys.yml")
 
 
@@ -95,7 +95,7 @@ def _at(mapping, keys):
 def owned_violations(cluster):
     """extra_args, env and additional_config entries that set a key pd-deploy renders, with its owner.
 
-    One table (pd_deploy/data/owned_keys.yml) says who owns each rendered key; whatever reaches a
+    One table (plugins/plugin_utils/data/owned_keys.yml) says who owns each rendered key; whatever reaches a
     launch spec through a pass-through (engine.extra_args, env, engine.additional_config) may not set
     one of them a second way.
     """

@@ -6,22 +6,19 @@
   and fix.
 - Every ``pd_*`` variable a host sees must be known: a host fact (``HOST_FACTS``), ``pd_cluster``, a
   public default of a role (``roles/*/defaults/main.yml``, kept equal to ``meta/argument_specs.yml`` by
-  tests/unit/test_schema.py) or a playbook switch of ``pd_deploy/data/variables.yml`` (the one
+  tests/unit/plugins/plugin_utils/validate/test_schema.py) or a playbook switch of ``plugins/plugin_utils/data/variables.yml`` (the one
   documented list). ``pd_hostram`` is refused by name instead of silently ignored.
 - Two host entries on one machine (``pd_machine``, default: the address) must not share NPUs, and the
   pinned offload of every container of the machine must fit its RAM.
 """
 
 import ipaddress
-import os
-
-import yaml
 
 from ..shared import datafiles, sizes
 from ..shared.errors import PdError
 from .violation import violation
 
-#: Host facts the model reads (schemas/host.schema.json describes each).
+#: Host facts the model reads (plugins/plugin_utils/schemas/host.schema.json describes each).
 HOST_FACTS = ("pd_host_address", "pd_npus", "pd_npu_first", "pd_hbm_per_npu", "pd_npu_chip", "pd_host_ram",
               "pd_host_ram_reserve", "pd_hccl_if", "pd_ascend_root", "pd_machine")
 #: Facts without a default: (field, what it is, how to fix).
@@ -45,32 +42,22 @@ CONTROLLER_PATH_VARS = ("pd_plan_build_dir", "pd_ops_reports_dir", "pd_baseline_
                         "pd_tune_reports_dir", "pd_gate_prompts_file", "pd_image_archive", "pd_log_dir",
                         "pd_monitoring_dir")
 
-# this file is pd_deploy/validate/inventory.py: roles/ is in the repository, three levels up
-_ROLES_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "roles")
-
 
 def documented_variables():
-    """{name: description} of pd_deploy/data/variables.yml: every playbook switch and shared variable."""
+    """{name: description} of plugins/plugin_utils/data/variables.yml: every playbook switch and shared variable."""
     data = datafiles.yaml_data("variables.yml")
     return {name: entry["description"] for name, entry in data["variables"].items()}
 
 
-def role_defaults(roles_dir=_ROLES_DIR):
-    """Names of every role's public defaults and argument_specs options (``pd_<role>_*``)."""
-    names = set()
-    if not os.path.isdir(roles_dir):
-        return names
-    for role in sorted(os.listdir(roles_dir)):
-        defaults = os.path.join(roles_dir, role, "defaults", "main.yml")
-        specs = os.path.join(roles_dir, role, "meta", "argument_specs.yml")
-        if os.path.exists(defaults):
-            with open(defaults, encoding="utf-8") as handle:
-                names.update((yaml.safe_load(handle) or {}).keys())
-        if os.path.exists(specs):
-            with open(specs, encoding="utf-8") as handle:
-                for entry in ((yaml.safe_load(handle) or {}).get("argument_specs") or {}).values():
-                    names.update((entry.get("options") or {}).keys())
-    return names
+def role_defaults():
+    """Names of every role's public defaults and argument_specs options (``pd_<role>_*``).
+
+    Read from plugins/plugin_utils/data/role_variables.yml, not from roles/ at run time: the package
+    reads only its own files. ``make docs`` (tools/variable_reference.py) writes that file from
+    roles/*/defaults/main.yml and meta/argument_specs.yml; tests/unit/test_variable_reference.py fails
+    while it is stale.
+    """
+    return {name for names in datafiles.yaml_data("role_variables.yml")["roles"].values() for name in names}
 
 
 def known_variables():
@@ -93,8 +80,8 @@ def unknown_keys(hosts_keys, known):
         close = sorted(k for k in known if _close(key, k))
         hint = f"did you mean {' or '.join(close[:3])}? " if close else ""
         out.append(violation("error", host, key, f"unknown variable {key!r}: no role, host fact or playbook switch reads it",
-                             f"{hint}remove or rename it (host facts: schemas/host.schema.json; switches: "
-                             "pd_deploy/data/variables.yml; role variables: roles/*/defaults/main.yml)"))
+                             f"{hint}remove or rename it (host facts: plugins/plugin_utils/schemas/host.schema.json; switches: "
+                             "plugins/plugin_utils/data/variables.yml; role variables: roles/*/defaults/main.yml)"))
     return out
 
 

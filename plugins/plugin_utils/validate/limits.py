@@ -4,10 +4,10 @@ An absurd value would otherwise surface only through what follows from it: an as
 decode ``max_num_seqs`` derives ``max_num_batched_tokens`` = seqs x (1 + draft tokens), which the
 danger-zone rule then blamed on a key the operator never wrote, and the weights rule printed a
 runtime reserve of millions of EiB. ``cluster_violations`` checks each such value against the limit it
-really has, names the operator's field and gives a limit that can be true; ``pd_deploy/plan/fleet.py``
+really has, names the operator's field and gives a limit that can be true; ``plugins/plugin_utils/plan/fleet.py``
 stops the cluster there, so no rule repeats it in other words.
 
-- ``engine.max_model_len`` above the model's context (``pd_deploy/data/models.yml`` ``max_model_len``
+- ``engine.max_model_len`` above the model's context (``plugins/plugin_utils/data/models.yml`` ``max_model_len``
   of the family): vLLM refuses to start (vllm@v0.27.1 vllm/config/model.py _get_and_verify_max_len)
   unless the role's env sets VLLM_ALLOW_LONG_MAX_MODEL_LEN=1.
 - ``workload`` token counts whose requests are longer than the model's context: no max_model_len can
@@ -55,7 +55,7 @@ def cluster_violations(cluster, raw, hosts):
         if _int(limit) and _int(length) and length > limit and not long_ok:
             out.append(error(where, f"{role}.engine.max_model_len",
                              f"{length} is beyond the context of model family {cluster['model']['family']} "
-                             f"({limit} tokens, pd_deploy/data/models.yml max_model_len): vLLM refuses to start "
+                             f"({limit} tokens, plugins/plugin_utils/data/models.yml max_model_len): vLLM refuses to start "
                              "(max_model_len greater than the derived max_model_len of config.json)",
                              f"set {role}.engine.max_model_len to the business p99 prompt + output, at most {limit}"))
         out.extend(_step_tokens(cluster, raw, role, hosts, fam.get("runtime_reserve")))

@@ -66,7 +66,7 @@ def key_problem(value):
 def host_key_fact(value):
     """The plan's view of a host's ``pd_api_key``: {"redaction"} or {"problem"}; None when unset.
 
-    Called where hostvars are read (filter_plugins/pd.py fleet_input) so the key itself never enters
+    Called where hostvars are read (plugins/filter/pd.py fleet_input) so the key itself never enters
     the fleet description.
     """
     if value is None or is_fact(value):

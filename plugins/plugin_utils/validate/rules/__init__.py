@@ -2,7 +2,7 @@
 
 ``check_cluster(cluster, topo)`` runs each rule of ``RULES`` in order on the normalized cluster and
 its topology (docs/design.md) and returns the concatenated violations, each a
-``pd_deploy.validate.violation.Violation``. A rule never raises for a bad value: it reports it. Only
+``plugin_utils.validate.violation.Violation``. A rule never raises for a bad value: it reports it. Only
 inputs of the wrong shape (not the normalized structures at all) raise ``PdError``.
 
 Each rule is one small function ``rule(ctx) -> list`` where ``ctx`` is built once per call by
@@ -98,7 +98,7 @@ def format_violation(v):
     if missing:
         raise PdError(where, "violation", f"missing key(s) {', '.join(missing)}",
                       "pass one item of pd_check_cluster's result")
-    # names as pd_deploy.text.shown prints them (b-d1\u200b), no invisible character anywhere
+    # names as plugin_utils.text.shown prints them (b-d1\u200b), no invisible character anywhere
     line = f"{str(v['level']).upper()} {text.shown(v['where'])}: {text.shown(v['field'])}: {text.visible(v['message'])}"
     if v.get("fix"):
         line += f" — {text.visible(v['fix'])}"

@@ -3,7 +3,7 @@
 ``_context`` makes it once per ``check_cluster`` call: the cluster, its topology, the version row (or
 the reason there is none) and the rendered connector configs. ``_check_inputs`` refuses
 inputs that are not the normalized structures at all (programming errors, raised as ``PdError``).
-The underscore names are private to ``pd_deploy.validate.rules``; its modules import them.
+The underscore names are private to ``plugin_utils.validate.rules``; its modules import them.
 """
 
 import json
@@ -63,10 +63,10 @@ def _check_inputs(cluster, topo, specs, ram_reserve_bytes):
     where = "pd_check_cluster"
     if not isinstance(cluster, dict):
         raise PdError(where, "cluster", f"expected the normalized cluster dict, got {type(cluster).__name__}",
-                      "pass the result of pd_deploy.model.normalize()")
+                      "pass the result of plugin_utils.model.normalize()")
     if not isinstance(topo, dict):
         raise PdError(where, "topo", f"expected the topology dict, got {type(topo).__name__}",
-                      "pass the topology of pd_deploy.model.topology()")
+                      "pass the topology of plugin_utils.model.topology()")
     missing = [k for k in _CLUSTER_KEYS if k not in cluster]
     if missing:
         raise PdError(where, "cluster", f"missing key(s) {', '.join(missing)}",
@@ -88,10 +88,10 @@ def _check_inputs(cluster, topo, specs, ram_reserve_bytes):
             raise PdError(where, f"cluster.{key}", "is not a mapping", "pass the normalized cluster (docs/design.md)")
     if not isinstance(topo.get("instances"), list) or not isinstance(topo.get("hosts"), dict):
         raise PdError(where, "topo", "needs 'instances' (list) and 'hosts' (mapping)",
-                      "pass the topology of pd_deploy.model.topology()")
+                      "pass the topology of plugin_utils.model.topology()")
     if specs is not None and (not isinstance(specs, list) or any(not isinstance(s, dict) for s in specs)):
         raise PdError(where, "specs", "is not a list of launch spec dicts",
-                      "pass the rank specs of pd_deploy.model.rank_spec(), or nothing")
+                      "pass the rank specs of plugin_utils.model.rank_spec(), or nothing")
     if ram_reserve_bytes is not None and (not _is_int(ram_reserve_bytes) or ram_reserve_bytes < 0):
         raise PdError(where, "ram_reserve_bytes", f"{ram_reserve_bytes!r} is not a whole number of bytes >= 0",
                       "pass bytes (e.g. 68719476736 for 64GiB) or leave it unset")
@@ -140,7 +140,7 @@ def _rendered(ctx):
             except ValueError as exc:
                 problems.append(violation("error", where, f"{role}.kv_transfer_config",
                                           f"the rendered --kv-transfer-config is not valid JSON ({exc})",
-                                          "render it with pd_deploy.connectors.kv_transfer_config"))
+                                          "render it with plugin_utils.connectors.kv_transfer_config"))
         return items, problems
     if row is None:
         return items, problems

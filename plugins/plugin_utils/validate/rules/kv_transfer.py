@@ -78,7 +78,7 @@ def rule_offloading_usable(ctx):
             continue
         out.append(violation("error", _where(ctx, role), f"{role}.offload_connector",
                              f"OffloadingConnector cannot start on vllm-ascend {row['line']} "
-                             f"(pd_deploy/data/versions.yml): {' '.join(row['offloading_connector']['reason'].split())}",
+                             f"(plugins/plugin_utils/data/versions.yml): {' '.join(row['offloading_connector']['reason'].split())}",
                              f"set vllm_ascend_version to a line where it works ({', '.join(lines) or 'none yet'}) "
                              f"with its image, or set {role}.offload_connector: none and {role}.cpu_offload: 0"))
     return out
@@ -152,7 +152,7 @@ def _check_no_engine_id(ctx, where, role, config):
     overrides the parent's per-process one (vLLM MultiConnector). Left out, the engine makes one
     per process (docs/design.md "Engine ids are born with the process")."""
     row = ctx.get("row") or {}
-    source = ((row.get("kv_peer_cache") or {}).get("sources") or ["pd_deploy/data/versions.yml"])[0]
+    source = ((row.get("kv_peer_cache") or {}).get("sources") or ["plugins/plugin_utils/data/versions.yml"])[0]
     out = []
     for path, holder in [("", config)] + [(f".connectors[{i}]", c) for i, c in enumerate(_children(config))
                                              if c is not config]:
@@ -161,7 +161,7 @@ def _check_no_engine_id(ctx, where, role, config):
                                  f"engine_id {holder['engine_id']!r} is fixed: a decode caches a prefill's KV "
                                  f"addresses per engine id and never drops them ({source}), so a restarted "
                                  "or replaced process with this id is pulled from at dead addresses",
-                                 "render no engine_id (pd_deploy.connectors.kv_transfer_config): the engine "
+                                 "render no engine_id (plugin_utils.connectors.kv_transfer_config): the engine "
                                  "gives each process its own"))
     return out
 
@@ -182,7 +182,7 @@ def rule_rendered_kv_transfer_config(ctx):
         if rcfg.get("mooncake") is True and not moon:
             out.append(violation("error", where, f"{role}.kv_transfer_config",
                                  "mooncake is on but the rendered --kv-transfer-config has no Mooncake connector",
-                                 "render it with pd_deploy.connectors.kv_transfer_config"))
+                                 "render it with plugin_utils.connectors.kv_transfer_config"))
         if rcfg.get("mooncake") is not True and moon:
             out.append(violation("error", where, f"{role}.kv_transfer_config",
                                  "mooncake is off but the rendered --kv-transfer-config has a Mooncake connector",

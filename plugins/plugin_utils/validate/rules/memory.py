@@ -9,7 +9,7 @@ from .context import GIB, ROLES, _dedupe, _is_int, _is_number, _role_hosts, _whe
 
 #: RAM kept free beside pinned offload when neither the caller nor the host record says otherwise
 #: (system, the engines' own processes, page cache). The article asks >= 512 GB of RAM for 200 GB
-#: of offload; pd_deploy/data/defaults.yml gives hosts 128GiB, which the host record carries.
+#: of offload; plugins/plugin_utils/data/defaults.yml gives hosts 128GiB, which the host record carries.
 DEFAULT_RAM_RESERVE_BYTES = 64 * GIB
 
 

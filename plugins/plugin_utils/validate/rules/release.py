@@ -9,7 +9,7 @@ _V4_FAMILY_PREFIX = "deepseek_v4"
 
 
 def rule_version_known(ctx):
-    """vllm_ascend_version must map to a row of pd_deploy/data/versions.yml."""
+    """vllm_ascend_version must map to a row of plugins/plugin_utils/data/versions.yml."""
     exc = ctx["row_error"]
     if exc is None:
         return []
@@ -131,7 +131,7 @@ def rule_image_tag(ctx):
             "inventory splits them into hosts" if a3 else "A2 machines (8 NPUs) run the image without -a3")
     if row["image_tag"] is None:
         return [violation("warning", ctx["name"], "image",
-                          f"vllm-ascend {row['line']} has no published image tag in pd_deploy/data/versions.yml: "
+                          f"vllm-ascend {row['line']} has no published image tag in plugins/plugin_utils/data/versions.yml: "
                           f"{image} must have been built and loaded on every host",
                           "build the image from that branch, or use a line with a published image")]
     want = row["image_tag"] + suffix
@@ -139,7 +139,7 @@ def rule_image_tag(ctx):
         return []
     return [violation("error", ctx["name"], "image",
                       f"{image} is not vllm-ascend {row['line']}'s image: its published tag is {want} ({kind}; "
-                      f"pd_deploy/data/versions.yml image_tag)",
+                      f"plugins/plugin_utils/data/versions.yml image_tag)",
                       f"set image: {OFFICIAL_IMAGE}:{want}, or vllm_ascend_version to the line of the tag you run")]
 
 

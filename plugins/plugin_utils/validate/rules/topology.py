@@ -40,7 +40,7 @@ def rule_kv_port_ranges(ctx):
 
 
 def rule_port_windows(ctx):
-    """Ports vs the windows Mooncake and HCCL draw from, per host address (pd_deploy/ports.py).
+    """Ports vs the windows Mooncake and HCCL draw from, per host address (plugins/plugin_utils/ports.py).
 
     kv ports strictly above Mooncake's Ascend transport window (sized by the image's Mooncake
     version and the ranks' device ids), rendered ports outside every window, one HCCL window per
@@ -49,7 +49,7 @@ def rule_port_windows(ctx):
     try:
         return ports.check(ports.claims(ctx["cluster"], ctx["topo"], ctx["row"]))
     except PdError as exc:
-        return [violation("error", exc.where, exc.field, exc.problem, exc.fix or "see pd_deploy/data/ports.yml")]
+        return [violation("error", exc.where, exc.field, exc.problem, exc.fix or "see plugins/plugin_utils/data/ports.yml")]
 
 
 def rule_topology_fit(ctx):

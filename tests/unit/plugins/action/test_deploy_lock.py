@@ -1,7 +1,6 @@
-"""The cluster deploy lock (library/pd_deploy_lock.py + action_plugins/pd_deploy_lock.py): one run at a
+"""The cluster deploy lock (plugins/modules/pd_deploy_lock.py + plugins/action/pd_deploy_lock.py): one run at a
 time per cluster; a lock held by a live run is never broken, a stale or foreign one only on request."""
 
-import importlib.util
 import json
 import os
 import socket
@@ -11,10 +10,8 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
-_spec = importlib.util.spec_from_file_location("pd_deploy_lock_action", REPO / "action_plugins" / "pd_deploy_lock.py")
-action = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(action)
+REPO = Path(__file__).resolve().parents[4]
+from ansible_collections.pd.deploy.plugins.action import pd_deploy_lock as action  # noqa: E402
 
 
 def test_this_run_names_the_controller_user_and_ansible_playbook_process():
@@ -90,7 +87,7 @@ def lock(tmp_path, *extra, state="acquired", cluster="cluster_a"):
     args = {"cluster": cluster, "dir": str(tmp_path), "state": state, "lock_host": "a-p0"}
     proc = subprocess.run([str(Path(sys.executable).parent / "ansible"), "localhost", "-c", "local", "-i", "localhost,",
                            "-e", f"ansible_python_interpreter={sys.executable}", *extra,
-                           "-m", "pd_deploy_lock", "-a", json.dumps(args)],
+                           "-m", "pd.deploy.pd_deploy_lock", "-a", json.dumps(args)],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
     return json.loads(proc.stdout)["plays"][0]["tasks"][0]["hosts"]["localhost"]
 

@@ -6,23 +6,17 @@ waits for between slices. Here the module is wait_all itself on a fake clock, sh
 so the sliced wait is compared with one unsliced wait of the same engines.
 """
 
-import importlib.util
 import os
 from pathlib import Path
 from types import SimpleNamespace
 
-import ansible.module_utils
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
-if str(REPO / "module_utils") not in ansible.module_utils.__path__:
-    ansible.module_utils.__path__.append(str(REPO / "module_utils"))
-from ansible.module_utils import pd_http  # noqa: E402  (needs the path above)
+REPO = Path(__file__).resolve().parents[4]
+from ansible_collections.pd.deploy.plugins.module_utils import pd_http
 from tests.fixtures.fake_clock import FakeClock
 
-_spec = importlib.util.spec_from_file_location("pd_http_wait_action", REPO / "action_plugins" / "pd_http_wait.py")
-plugin = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(plugin)
+from ansible_collections.pd.deploy.plugins.action import pd_http_wait as plugin
 
 
 class Clock(FakeClock):
@@ -196,7 +190,7 @@ def test_a_real_ansible_run_prints_the_progress_lines(tmp_path):
         proc = subprocess.run(
             [str(Path(sys.executable).parent / "ansible"), "all", "-i", "t-d0,", "-c", "local",
              "-e", f"ansible_python_interpreter={sys.executable}", "-e", "pd_health_progress_s=1",
-             "-m", "pd_http_wait", "-a", json.dumps(args)],
+             "-m", "pd.deploy.pd_http_wait", "-a", json.dumps(args)],
             cwd=REPO, env=env, capture_output=True, text=True, timeout=300, check=False)
     finally:
         server.shutdown()

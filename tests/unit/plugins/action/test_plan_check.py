@@ -1,11 +1,10 @@
-"""pd_plan's judgement of the plan in one controller task (action_plugins/pd_plan_check.py) and the
-inventory's refusal and name (pd_deploy.report.summary.inventory_problem / inventory_note).
+"""pd_plan's judgement of the plan in one controller task (plugins/action/pd_plan_check.py) and the
+inventory's refusal and name (plugin_utils.report.summary.inventory_problem / inventory_note).
 
 issue 24: a no-op re-run paid six pd_plan tasks and two validate plays (each task a worker process,
 about 0.2 s even when skipped). The texts are the ones validate.yml's tasks printed, word for word.
 """
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -15,15 +14,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pd_deploy.plan import fleet
-from pd_deploy.report import summary as report
-from pd_deploy.rollout import order
-from test_fleet import cluster_a, example_fleet
+from ansible_collections.pd.deploy.plugins.plugin_utils.plan import fleet
+from ansible_collections.pd.deploy.plugins.plugin_utils.report import summary as report
+from ansible_collections.pd.deploy.plugins.plugin_utils.rollout import order
+from tests.unit.plugins.plugin_utils.plan.test_fleet import cluster_a, example_fleet
 
-REPO = Path(__file__).resolve().parents[2]
-_spec = importlib.util.spec_from_file_location("pd_plan_check_action", REPO / "action_plugins" / "pd_plan_check.py")
-action = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(action)
+REPO = Path(__file__).resolve().parents[4]
+from ansible_collections.pd.deploy.plugins.action import pd_plan_check as action  # noqa: E402
 INV = ["/etc/pd/prod"]
 
 
@@ -32,7 +29,7 @@ def never(*_):
 
 
 def sync():
-    return action._write_files_module().sync_files
+    return action.pd_write_files.sync_files
 
 
 # ---- the inventory's refusal and its name (validate.yml's first play and its note, as functions) ----
@@ -150,7 +147,7 @@ def run_task(args, cwd):
                ANSIBLE_STDOUT_CALLBACK="ansible.builtin.json", ANSIBLE_NOCOLOR="1")
     proc = subprocess.run([str(Path(sys.executable).parent / "ansible"), "localhost", "-c", "local", "-i", "localhost,",
                            "-e", f"ansible_python_interpreter={sys.executable}",
-                           "-m", "pd_plan_check", "-a", json.dumps(args)],
+                           "-m", "pd.deploy.pd_plan_check", "-a", json.dumps(args)],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
     return json.loads(proc.stdout)["plays"][0]["tasks"][0]["hosts"]["localhost"], proc.stderr
 
@@ -179,18 +176,18 @@ def test_validate_is_one_play_and_pd_plan_two_tasks():
     assert len(plays) == 1 and plays[0]["hosts"] == "localhost:pd_clusters"
     tasks = yaml.safe_load((REPO / "roles" / "pd_plan" / "tasks" / "main.yml").read_text())
     assert [next(k for k in t if k != "name" and not k.startswith(("run_once", "delegate", "check_mode")))
-            for t in tasks] == ["ansible.builtin.set_fact", "pd_plan_check"]
+            for t in tasks] == ["ansible.builtin.set_fact", "pd.deploy.pd_plan_check"]
     assert sorted(os.listdir(REPO / "roles" / "pd_plan" / "tasks")) == ["main.yml"]
 
 
 def test_a_no_op_deploy_runs_no_skipped_check_task():
     """The checks that only ever skip on a no-op are folded into tasks that run anyway."""
-    deploy = yaml.safe_load((REPO / "playbooks" / "deploy-pd.yml").read_text())
+    deploy = yaml.safe_load((REPO / "playbooks" / "deploy_pd.yml").read_text())
     prechecks_play = next(p for p in deploy if p.get("name") == "Check every host before any is touched")
-    assert [t.get("ansible.builtin.include_role", {}).get("name") for t in prechecks_play["tasks"]] == ["pd_prechecks"]
+    assert [t.get("ansible.builtin.include_role", {}).get("name") for t in prechecks_play["tasks"]] == ["pd.deploy.pd_prechecks"]
     tasks = yaml.safe_load((REPO / "roles" / "pd_prechecks" / "tasks" / "main.yml").read_text())
-    assert [next(k for k in t if k.startswith(("ansible.builtin.", "pd_"))) for t in tasks] == [
-        "pd_host_probe", "ansible.builtin.assert", "ansible.builtin.set_fact", "ansible.builtin.include_tasks"]
+    assert [next(k for k in t if k.startswith(("ansible.builtin.", "pd.deploy."))) for t in tasks] == [
+        "pd.deploy.pd_host_probe", "ansible.builtin.assert", "ansible.builtin.set_fact", "ansible.builtin.include_tasks"]
     report = next(p for p in deploy if p.get("name", "").startswith("Report what each cluster runs"))
     assert [next(k for k in t if k.startswith("ansible.builtin.")) for t in report["tasks"]] == ["ansible.builtin.debug"]
     # what only a failed rollout runs sits in plays that match no host on success

@@ -1,12 +1,8 @@
 """The pd_write_files action plugin writes only what changed, creating folders."""
 
-import importlib.util
 import os
 
-_PATH = os.path.join(os.path.dirname(__file__), "..", "..", "action_plugins", "pd_write_files.py")
-_spec = importlib.util.spec_from_file_location("pd_write_files", _PATH)
-pd_write_files = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(pd_write_files)
+from ansible_collections.pd.deploy.plugins.action import pd_write_files
 
 
 def test_writes_new_files_in_new_folders_with_the_mode(tmp_path):

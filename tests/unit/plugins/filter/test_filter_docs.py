@@ -1,4 +1,4 @@
-"""The public filters have checked-in ansible-doc pages: filter_plugins/<name>.yml (issue 22, item 4).
+"""The public filters have checked-in ansible-doc pages: plugins/filter/<name>.yml (issue 22, item 4).
 
 Public = used by a role, a playbook or a Molecule scenario; each such filter needs a page with real
 types (never ``raw``) and examples, whose options are the function's own parameters. ansible-doc finds
@@ -6,7 +6,6 @@ the pages through ansible.cfg's ``filter_plugins`` path: ``ansible-doc -t filter
 """
 
 import glob
-import importlib.util
 import inspect
 import json
 import os
@@ -17,18 +16,17 @@ import sys
 import pytest
 import yaml
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-PLUGIN_DIR = os.path.join(REPO, "filter_plugins")
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))))
+PLUGIN_DIR = os.path.join(REPO, "plugins", "filter")
 TYPES = {"str", "int", "float", "bool", "list", "dict", "path"}
 # where filters are used; docs/ counts too (a filter an operator is told to use is public)
 USE_GLOBS = ("roles/**/*.yml", "roles/**/*.j2", "playbooks/**/*.yml", "molecule/**/*.yml", "*.yml", "docs/**/*.md")
 
 
 def _filters():
-    spec = importlib.util.spec_from_file_location("pd_filter_plugin_docs", os.path.join(PLUGIN_DIR, "pd.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.FilterModule().filters()
+    """Every filter of the collection: plugins/filter/pd.py and pd_paths.py."""
+    from ansible_collections.pd.deploy.plugins.filter import pd, pd_paths
+    return {**pd.FilterModule().filters(), **pd_paths.FilterModule().filters()}
 
 
 FILTERS = _filters()
@@ -44,7 +42,7 @@ def used_filters():
                 texts.append(handle.read())
     text = "\n".join(texts)
     return sorted(name for name in FILTERS
-                  if re.search(r"\|\s*%s\b|\b(?:map|select|reject)\(\s*['\"]%s['\"]" % (name, name), text))
+                  if re.search(r"\|\s*(?:pd\.deploy\.)?%s\b|\b(?:map|select|reject)\(\s*['\"](?:pd\.deploy\.)?%s['\"]" % (name, name), text))
 
 
 def test_the_use_scan_finds_filters():
@@ -55,7 +53,7 @@ def test_the_use_scan_finds_filters():
 
 def test_every_used_filter_has_a_page():
     missing = [name for name in used_filters() if name not in DOCS]
-    assert not missing, f"filters used by roles/playbooks/scenarios without filter_plugins/<name>.yml: {missing}"
+    assert not missing, f"filters used by roles/playbooks/scenarios without plugins/filter/<name>.yml: {missing}"
 
 
 @pytest.mark.parametrize("name", DOCS)
@@ -64,7 +62,7 @@ def test_page_documents_a_real_filter_with_real_types(name):
         page = yaml.safe_load(handle)
     assert set(page) == {"DOCUMENTATION", "EXAMPLES", "RETURN"}, name
     doc = page["DOCUMENTATION"]
-    assert doc["name"] == name and name in FILTERS, f"{name}.yml documents no filter of filter_plugins/pd.py"
+    assert doc["name"] == name and name in FILTERS, f"{name}.yml documents no filter of plugins/filter/pd.py"
     assert doc["short_description"] and doc["description"] and doc["author"]
     params = [p for p in inspect.signature(FILTERS[name]).parameters.values()
               if not p.name.startswith("_") and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
@@ -83,14 +81,14 @@ def test_page_documents_a_real_filter_with_real_types(name):
     assert returned["type"] in TYPES and returned.get("description"), f"{name}: RETURN _value"
     examples = yaml.safe_load(page["EXAMPLES"])
     assert isinstance(examples, list) and examples, name
-    assert re.search(r"\|\s*%s\b|['\"]%s['\"]" % (name, name), page["EXAMPLES"]), f"{name}: no example uses it"
+    assert re.search(r"\|\s*pd\.deploy\.%s\b|['\"]pd\.deploy\.%s['\"]" % (name, name), page["EXAMPLES"]), f"{name}: no example uses it"
 
 
 def test_ansible_doc_renders_every_page():
     doc = os.path.join(os.path.dirname(sys.executable), "ansible-doc")
-    result = subprocess.run([doc, "-t", "filter", "--json", *DOCS], cwd=REPO, capture_output=True, text=True,
+    result = subprocess.run([doc, "-t", "filter", "--json", *(f"pd.deploy.{name}" for name in DOCS)], cwd=REPO, capture_output=True, text=True,
                             check=False, timeout=180)
     assert result.returncode == 0 and "ERROR" not in result.stderr, result.stderr
     pages = json.loads(result.stdout)
-    assert sorted(pages) == DOCS
-    assert all(page["doc"]["name"] == name and page["return"] for name, page in pages.items())
+    assert sorted(pages) == [f"pd.deploy.{name}" for name in DOCS]
+    assert all(page["doc"]["name"] == name.split(".")[-1] and page["return"] for name, page in pages.items())

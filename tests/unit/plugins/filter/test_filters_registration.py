@@ -1,23 +1,21 @@
-"""filter_plugins/pd.py: every core filter is registered under a pd_ name, and works through real
+"""plugins/filter/pd.py: every core filter is registered under a pd_ name, and works through real
 Ansible templating with the types it promises."""
 
-import importlib.util
 import inspect
 import os
 
 import pytest
 
-from pd_deploy import ops
-from pd_deploy.hostcheck import compat, netchecks, prechecks
-from pd_deploy.ops import logparse
-from pd_deploy.plan import capacity, connectors, fleet, versions
-from pd_deploy.report import summary as report
-from pd_deploy.rollout import containers, failures, order
-from pd_deploy.shared import sizes
-from pd_deploy.validate import rules, secrets
+from ansible_collections.pd.deploy.plugins.plugin_utils import ops
+from ansible_collections.pd.deploy.plugins.plugin_utils.hostcheck import compat, netchecks, prechecks
+from ansible_collections.pd.deploy.plugins.plugin_utils.ops import logparse
+from ansible_collections.pd.deploy.plugins.plugin_utils.plan import capacity, connectors, fleet, versions
+from ansible_collections.pd.deploy.plugins.plugin_utils.report import summary as report
+from ansible_collections.pd.deploy.plugins.plugin_utils.rollout import containers, failures, order
+from ansible_collections.pd.deploy.plugins.plugin_utils.shared import sizes
+from ansible_collections.pd.deploy.plugins.plugin_utils.validate import rules, secrets
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-PLUGIN_DIR = os.path.join(REPO, "filter_plugins")
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))))
 # ops is registered as one mapping; its steps are listed one by one so a name two steps claim is caught
 MODULES = (sizes, capacity, logparse, versions, connectors, rules, fleet, order, containers, report, prechecks, secrets,
            *ops.STEPS, netchecks, failures, compat)
@@ -25,10 +23,9 @@ GIB = 1024 ** 3
 
 
 def load_plugin():
-    spec = importlib.util.spec_from_file_location("pd_filter_plugin_under_test", os.path.join(PLUGIN_DIR, "pd.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    """plugins/filter/pd.py, imported under the collection's name."""
+    from ansible_collections.pd.deploy.plugins.filter import pd
+    return pd
 
 
 PLUGIN = load_plugin()
@@ -77,10 +74,9 @@ def test_fleet_input_reads_only_pd_variables_from_hostvars():
 @pytest.fixture(scope="module")
 def templar():
     from ansible.parsing.dataloader import DataLoader
-    from ansible.plugins.loader import filter_loader
     from ansible.template import Templar
 
-    filter_loader.add_directory(PLUGIN_DIR)
+    # pd.deploy.* resolves through the collection loader tests/conftest.py installed
     return Templar(loader=DataLoader(), variables={"offload": "200GiB", "npus": 8})
 
 
@@ -92,23 +88,23 @@ def render(templar, text):
 
 @pytest.mark.ansible
 def test_split_per_rank_through_ansible_gives_an_int(templar):
-    value = render(templar, "{{ offload | pd_split_per_rank(npus) }}")
+    value = render(templar, "{{ offload | pd.deploy.pd_split_per_rank(npus) }}")
     assert value == 200 * GIB // 8 == 26843545600
     assert type(value) is int
-    assert render(templar, '{{ "200GiB" | pd_split_per_rank(8) | type_debug }}') == "int"
+    assert render(templar, '{{ "200GiB" | pd.deploy.pd_split_per_rank(8) | type_debug }}') == "int"
 
 
 @pytest.mark.ansible
 def test_to_bytes_through_ansible_supports_arithmetic(templar):
-    assert render(templar, '{{ ("1.5GiB" | pd_to_bytes) + 1 }}') == 3 * GIB // 2 + 1
-    assert render(templar, '{{ {"shm": "256gib" | pd_to_bytes, "human": 274877906944 | pd_to_human} }}') == {
+    assert render(templar, '{{ ("1.5GiB" | pd.deploy.pd_to_bytes) + 1 }}') == 3 * GIB // 2 + 1
+    assert render(templar, '{{ {"shm": "256gib" | pd.deploy.pd_to_bytes, "human": 274877906944 | pd.deploy.pd_to_human} }}') == {
         "shm": 256 * GIB, "human": "256GiB"}
 
 
 @pytest.mark.ansible
 def test_a_bad_value_through_ansible_is_a_readable_error_naming_the_filter(templar):
     with pytest.raises(Exception) as info:
-        render(templar, '{{ "200GiB" | pd_split_per_rank(7) }}')
+        render(templar, '{{ "200GiB" | pd.deploy.pd_split_per_rank(7) }}')
     text = str(info.value)
     assert "pd_split_per_rank: total:" in text
     assert "does not divide over 7 ranks" in text

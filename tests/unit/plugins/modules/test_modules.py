@@ -1,11 +1,11 @@
-"""The pd_host_probe and pd_http_wait modules and their shared HTTP helpers (module_utils/pd_http.py).
+"""The pd_host_probe and pd_http_wait modules and their shared HTTP helpers (plugins/module_utils/pd_http.py).
 
 HTTP goes to servers these tests start on 127.0.0.1 and to a fake Docker Engine API on a unix socket
 in a temporary directory; nothing else is contacted.
 """
 
 import http.server
-import importlib.util
+import importlib
 import json
 import os
 import shutil
@@ -17,23 +17,16 @@ import threading
 import urllib.parse
 from pathlib import Path
 
-import ansible.module_utils
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
-# what ansible.cfg's module_utils setting does for a real run
-if str(REPO / "module_utils") not in ansible.module_utils.__path__:
-    ansible.module_utils.__path__.append(str(REPO / "module_utils"))
-
-from ansible.module_utils import pd_http  # noqa: E402  (needs the path above)
+REPO = Path(__file__).resolve().parents[4]
+from ansible_collections.pd.deploy.plugins.module_utils import pd_http
 from tests.fixtures.fake_clock import FakeClock
 
 
 def load(name):
-    spec = importlib.util.spec_from_file_location(name, REPO / "library" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    """plugins/modules/<name>.py, imported under the collection's name."""
+    return importlib.import_module(f"ansible_collections.pd.deploy.plugins.modules.{name}")
 
 
 probe_mod = load("pd_host_probe")
@@ -363,7 +356,7 @@ def ansible_module(name, args):
     env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), ANSIBLE_LOAD_CALLBACK_PLUGINS="1",
                ANSIBLE_STDOUT_CALLBACK="ansible.builtin.json", ANSIBLE_NOCOLOR="1")
     proc = subprocess.run([str(Path(sys.executable).parent / "ansible"), "localhost", "-c", "local",
-                           "-i", "localhost,", "-e", f"ansible_python_interpreter={sys.executable}", "-m", name, "-a", json.dumps(args)],
+                           "-i", "localhost,", "-e", f"ansible_python_interpreter={sys.executable}", "-m", f"pd.deploy.{name}", "-a", json.dumps(args)],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
     data = json.loads(proc.stdout)
     return data["plays"][0]["tasks"][0]["hosts"]["localhost"]
@@ -388,7 +381,7 @@ def test_pd_host_probe_runs_as_a_module(docker_socket, engine, tmp_path):
     assert result["docker"] == {"ok": True, "msg": ""} and result["images_missing"] == ["other:1"]
     # dp0 runs h0 and is probed; dp1 is stopped, so not probed
     assert [h["name"] for h in result["health"]] == ["pd-c-decode0-dp0"] and result["health"][0]["ok"]
-    # what dp0 runs and what its tag names now: the controller compares them (pd_deploy.containers)
+    # what dp0 runs and what its tag names now: the controller compares them (plugin_utils.containers)
     assert result["containers"][0]["image_id"] == OLD_IMAGE
     assert result["image_refs"]["registry.local/vllm-ascend:v0.25.1"]["id"] == NEW_IMAGE
     assert "other:1" not in result["image_refs"]
@@ -428,7 +421,7 @@ def test_pd_http_wait_refuses_a_check_without_url():
 ])
 def test_pd_host_probe_reads_the_npu_table_the_prechecks_judge(tmp_path, conf, chips, name, hbm_mb):
     """The probe runs `npu-smi info -l` and `npu-smi info`; the prechecks read count, chip and HBM."""
-    from pd_deploy.hostcheck import prechecks
+    from ansible_collections.pd.deploy.plugins.plugin_utils.hostcheck import prechecks
 
     fake = tmp_path / "npu-smi"
     shutil.copy(REPO / "tests" / "fixtures" / "ascend" / "npu-smi", fake)
@@ -479,7 +472,7 @@ def test_container_logs_read_every_name_in_one_run(monkeypatch):
     assert [e["status"] for e in out] == [200, 404, 0]
     assert out[1]["error"] == "Docker API answered HTTP 404" and "content" not in out[1]
     # the controller's filter de-frames the bodies and leaves out what could not be read
-    from pd_deploy.rollout import containers
+    from ansible_collections.pd.deploy.plugins.plugin_utils.rollout import containers
     assert containers.docker_logs(out) == {"a": "hello\n"}
 
 
@@ -588,7 +581,7 @@ def test_tool_runner_reads_what_a_slow_tool_prints_as_it_exits(tmp_path):
 def test_the_probe_runs_its_tools_with_its_own_runner():
     """main() hands npu-smi and hccn_tool the ToolRunner, not the AnsibleModule (whose run_command
     loses late output)."""
-    source = (REPO / "library" / "pd_host_probe.py").read_text()
+    source = (REPO / "plugins" / "modules" / "pd_host_probe.py").read_text()
     main = source[source.index("def main("):]
     assert "run_npu_smi, tools," in main and "run_hccn, tools," in main
     assert "run_npu_smi, module" not in main and "run_hccn, module" not in main

@@ -1,4 +1,4 @@
-"""Drain and restore of ranks in a running PD proxy (module_utils/pd_drain.py, the pd_proxy_drain module).
+"""Drain and restore of ranks in a running PD proxy (plugins/module_utils/pd_drain.py, the pd_proxy_drain module).
 
 Against the stand-in proxy and engines on 127.0.0.1 (they follow vllm-ascend's proxy: isolation of a
 busy instance, removal once the proxy is idle, add only after /v1/models answers), and with a fake
@@ -11,14 +11,11 @@ import threading
 import time
 from pathlib import Path
 
-import ansible.module_utils
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
-if str(REPO / "module_utils") not in ansible.module_utils.__path__:
-    ansible.module_utils.__path__.append(str(REPO / "module_utils"))
+REPO = Path(__file__).resolve().parents[4]
 
-from ansible.module_utils import pd_drain  # noqa: E402  (needs the path above)
+from ansible_collections.pd.deploy.plugins.module_utils import pd_drain  # noqa: E402
 from tests.fixtures.fake_clock import FakeClock  # noqa: E402
 from tests.fixtures.standin_procs import Servers, clean_env, http, http_json  # noqa: E402
 
@@ -365,7 +362,7 @@ def test_the_next_alias_is_the_first_spelling_not_listed_so_repeated_rolls_never
 
 
 def test_what_the_proxy_serves_is_read_by_endpoint_and_a_tainted_alias_does_not_count(tmp_path):
-    from pd_deploy.rollout.containers import wiring_differs
+    from ansible_collections.pd.deploy.plugins.plugin_utils.rollout.containers import wiring_differs
     want = {"prefill": ["10.0.0.1:8100"], "decode": ["10.0.0.2:8200", "10.0.0.3:8200"]}
     listed_now = {"prefill": ["10.0.0.1:8100"], "decode": ["10.0.0.2:8200", "10.0.0.3:8200", "0xa.0.0.2:8200"]}
     path = str(tmp_path / "p.serving.json")
@@ -411,7 +408,7 @@ def _proxy_through_its_command(spec, tmp_path, args_file, port):
     import subprocess
     import sys
     from tests.fixtures.standin_procs import PROXY, Server
-    from pd_deploy.plan import launch
+    from ansible_collections.pd.deploy.plugins.plugin_utils.plan import launch
     cmd = list(spec["command"])
     assert cmd[:2] == ["/bin/sh", "-c"] and cmd[2] == launch.PROXY_SHELL
     cmd[2] = cmd[2].replace(launch.PROXY_BACKENDS_FILE, str(args_file)).replace("python3", sys.executable)
@@ -427,7 +424,7 @@ def _proxy_through_its_command(spec, tmp_path, args_file, port):
 
 
 def test_a_restarted_proxy_serves_the_backends_file_not_its_launch_time_lists(tmp_path):
-    from pd_deploy.plan import launch
+    from ansible_collections.pd.deploy.plugins.plugin_utils.plan import launch
     from tests.fixtures.standin_procs import free_port
     at_launch = {"prefill": [{"address": "127.0.0.1", "port": 8100}], "decode": [{"address": "127.0.0.1", "port": 8200}]}
     plan = {"prefill": at_launch["prefill"], "decode": at_launch["decode"] + [{"address": "127.0.0.1", "port": 8201}]}
@@ -451,8 +448,8 @@ def test_a_restarted_proxy_serves_the_backends_file_not_its_launch_time_lists(tm
 
 
 def test_the_proxy_spec_keeps_its_hash_when_instances_change_and_carries_the_plans_lists():
-    from pd_deploy.plan import fleet
-    from tests.unit.test_fleet import cluster_b, example_fleet
+    from ansible_collections.pd.deploy.plugins.plugin_utils.plan import fleet
+    from tests.unit.plugins.plugin_utils.plan.test_fleet import cluster_b, example_fleet
     before = fleet.plan_fleet(example_fleet())["clusters"]["cluster_b"]["proxy"]
     b = cluster_b()
     b["decode"] = {"instances": 1, "dp": 2, "engine": {"block_size": 128}}  # 4 decode ranks -> 2 (b-d1 idle)
@@ -471,11 +468,8 @@ def test_the_proxy_spec_keeps_its_hash_when_instances_change_and_carries_the_pla
 def test_the_probe_reads_an_instance_listed_under_an_alias_as_its_planned_key(pd, tmp_path):
     # pd_host_probe's wiring (what a re-run compares with the plan to find a no-op): by endpoint, with
     # the proxy host's record of the serving key
-    import importlib.util
-    from pd_deploy.rollout.containers import wiring_differs
-    spec = importlib.util.spec_from_file_location("pd_host_probe", REPO / "library" / "pd_host_probe.py")
-    probe = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(probe)
+    from ansible_collections.pd.deploy.plugins.modules import pd_host_probe as probe
+    from ansible_collections.pd.deploy.plugins.plugin_utils.rollout.containers import wiring_differs
     prefill, decode, proxy = pd
     alias = pd_drain.alias(key(decode[0]), 1)
     http_json("POST", proxy.url + "/instances/add", {"type": "decode", "instances": [alias]})

@@ -1,10 +1,10 @@
-"""Compatibility prechecks (pd_deploy/compat.py): image versions from build history, driver, Docker settings."""
+"""Compatibility prechecks (plugins/plugin_utils/compat.py): image versions from build history, driver, Docker settings."""
 
 import pytest
 
-from pd_deploy.hostcheck import compat
-from pd_deploy.plan import versions
-from pd_deploy.shared.errors import PdError
+from ansible_collections.pd.deploy.plugins.plugin_utils.hostcheck import compat
+from ansible_collections.pd.deploy.plugins.plugin_utils.plan import versions
+from ansible_collections.pd.deploy.plugins.plugin_utils.shared.errors import PdError
 
 # CreatedBy of a RUN step as the Engine API returned it for an image built (docker build, 2026-12-01, on
 # this machine) from a Dockerfile with the ARG names of vllm-project/vllm-ascend v0.25.1rc1:Dockerfile:25,42-43

@@ -1,6 +1,6 @@
 """Failure modes of the known-failure table caught before any container starts (issue 13 #6).
 
-Every entry of pd_deploy/data/known_failures.yml with a ``caught_by`` is triggered here through what
+Every entry of plugins/plugin_utils/data/known_failures.yml with a ``caught_by`` is triggered here through what
 catches it: an inventory rule (rules.check_cluster on a real topology), a host precheck fed by the probe's
 own readers (a port really squatted on 127.0.0.1, the fake npu-smi and hccn_tool variants, missing
 mounts), or the compatibility check. A test per entry id; the first test keeps the two lists equal.
@@ -14,16 +14,15 @@ from pathlib import Path
 
 import pytest
 
-from pd_deploy.hostcheck import compat, netchecks, prechecks
-from pd_deploy.plan import model
-from pd_deploy.rollout import failures
-from pd_deploy.validate import rules
+from ansible_collections.pd.deploy.plugins.plugin_utils.hostcheck import compat, netchecks, prechecks
+from ansible_collections.pd.deploy.plugins.plugin_utils.plan import model
+from ansible_collections.pd.deploy.plugins.plugin_utils.rollout import failures
+from ansible_collections.pd.deploy.plugins.plugin_utils.validate import rules
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import test_netchecks as nc  # noqa: E402  (fake hccn_tool helpers)
-import test_prechecks as pc  # noqa: E402  (a healthy decode host's probe facts)
+from tests.unit.plugins.plugin_utils.hostcheck import test_netchecks as nc  # fake hccn_tool helpers
+from tests.unit.plugins.plugin_utils.hostcheck import test_prechecks as pc  # a healthy decode host's probe facts
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[5]
 GIB = 1024 ** 3
 
 

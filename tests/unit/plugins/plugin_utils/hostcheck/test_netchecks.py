@@ -1,36 +1,24 @@
-"""NPU network prechecks (pd_deploy/netchecks.py) and the probe's hccn option, with the fake hccn_tool.
+"""NPU network prechecks (plugins/plugin_utils/netchecks.py) and the probe's hccn option, with the fake hccn_tool.
 
 Healthy and broken outputs come from the fake tool (tests/fixtures/ascend/hccn_tool) run through the
 probe's own run_hccn, so the parser reads what the probe returns. The fake's layout follows the
 upstream recordings quoted in TestRecordedOutput; its ping computes the answer and sends nothing.
 """
 
-import importlib.util
 import shutil
 import subprocess
 from pathlib import Path
 
-import ansible.module_utils
 import pytest
 
-from pd_deploy.hostcheck import netchecks
-from pd_deploy.shared.errors import PdError
+from ansible_collections.pd.deploy.plugins.plugin_utils.hostcheck import netchecks
+from ansible_collections.pd.deploy.plugins.plugin_utils.shared.errors import PdError
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[5]
 TOOL = REPO / "tests" / "fixtures" / "ascend" / "hccn_tool"
-# what ansible.cfg's module_utils setting does for a real run (as tests/unit/test_modules.py)
-if str(REPO / "module_utils") not in ansible.module_utils.__path__:
-    ansible.module_utils.__path__.append(str(REPO / "module_utils"))
 
 
-def _load_probe():
-    spec = importlib.util.spec_from_file_location("pd_host_probe_nc", REPO / "library" / "pd_host_probe.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-probe_mod = _load_probe()
+from ansible_collections.pd.deploy.plugins.modules import pd_host_probe as probe_mod  # noqa: E402
 
 
 class FakeModule:
@@ -280,6 +268,6 @@ class TestCluster:
 
 
 def test_filters_registered():
-    from pd_deploy.hostcheck import netchecks as nc
+    from ansible_collections.pd.deploy.plugins.plugin_utils.hostcheck import netchecks as nc
     assert set(nc.FILTERS) == {"pd_hccn_devices", "pd_hccn_problems", "pd_hccn_ping_targets",
                                "pd_hccn_ping_request", "pd_hccn_ping_problems"}

@@ -1,4 +1,4 @@
-"""pd_deploy.prechecks.problems: one message per failing fact, each starting with the host name.
+"""plugin_utils.prechecks.problems: one message per failing fact, each starting with the host name.
 
 The launch specs are the real ones of the article's decode host (two DP ranks of TP4, 200GiB of
 Recompute offload = 100GiB pinned per container), so the facts are judged against what would run.
@@ -9,8 +9,8 @@ import copy
 
 import pytest
 
-from pd_deploy.hostcheck import prechecks
-from pd_deploy.plan import launch, model
+from ansible_collections.pd.deploy.plugins.plugin_utils.hostcheck import prechecks
+from ansible_collections.pd.deploy.plugins.plugin_utils.plan import launch, model
 
 GIB = 1024 ** 3
 KIB = 1024
@@ -133,7 +133,7 @@ CASES = [
      ["image quay.io/ascend/vllm-ascend:v0.25.1 is not on this host", "pd_container_pull=missing"]),
     ("running rank does not answer", _sick("pd-cluster_a-decode0-dp0", status=503, error="HTTP 503"),
      ["pd-cluster_a-decode0-dp0 runs its current launch spec but http://127.0.0.1:8200/health does not "
-      "answer (HTTP 503)", "nothing was restarted", "collect-logs.yml"]),
+      "answer (HTTP 503)", "nothing was restarted", "collect_logs.yml"]),
 ]
 
 

@@ -1,4 +1,4 @@
-"""Unit tests for pd_deploy.logparse: start-up log lines, two-point fit, bytes-per-token verdict."""
+"""Unit tests for plugin_utils.logparse: start-up log lines, two-point fit, bytes-per-token verdict."""
 
 from fractions import Fraction
 from pathlib import Path
@@ -6,9 +6,9 @@ from pathlib import Path
 import pytest
 from jinja2.nativetypes import NativeEnvironment
 
-from pd_deploy.ops import logparse
-from pd_deploy.ops.logparse import FAR_HIGH_FACTOR, footprint_at, judge_bytes_per_token, parse_startup_log, two_point_fit
-from pd_deploy.shared.errors import PdError
+from ansible_collections.pd.deploy.plugins.plugin_utils.ops import logparse
+from ansible_collections.pd.deploy.plugins.plugin_utils.ops.logparse import FAR_HIGH_FACTOR, footprint_at, judge_bytes_per_token, parse_startup_log, two_point_fit
+from ansible_collections.pd.deploy.plugins.plugin_utils.shared.errors import PdError
 
 GiB = 1024**3
 MiB = 1024**2
@@ -416,7 +416,7 @@ def test_filters_through_jinja():
 # tests/fixtures/images/vllm-cpu/make_tiny_model.py keeps 2 layers x (K and V) x 1 KV head x head_dim
 # 64 x 2 bytes (bfloat16) per token, and VLLM_CPU_KVCACHE_SPACE=1 gives 1 GiB of KV per worker.
 
-_LOGS = Path(__file__).resolve().parents[1] / "fixtures" / "logs"
+_LOGS = Path(__file__).resolve().parents[4] / "fixtures" / "logs"
 TINY_BYTES_PER_TOKEN = 2 * 2 * 1 * 64 * 2
 TINY_BLOCK = 32
 

@@ -1,4 +1,4 @@
-"""pd_deploy.ops as a whole: every step's filter is registered, pure and usable from Jinja; the operations
+"""plugin_utils.ops as a whole: every step's filter is registered, pure and usable from Jinja; the operations
 playbooks run against stand-in HTTP servers on 127.0.0.1 (no Docker, no other network).
 
 Expected values are derived from the inputs each test writes (a chosen fixed + marginal footprint, the
@@ -6,7 +6,6 @@ metrics values served, the cluster configuration), never copied from the code's 
 """
 
 import copy
-import importlib.util
 import json
 import math
 import os
@@ -18,19 +17,17 @@ import pytest
 import yaml
 from jinja2.nativetypes import NativeEnvironment
 
-from pd_deploy import ops
-from pd_deploy.ops import baseline, capacity_report, common, diagnosis, monitoring
-from pd_deploy.plan import model
+from ansible_collections.pd.deploy.plugins.plugin_utils import ops
+from ansible_collections.pd.deploy.plugins.plugin_utils.ops import baseline, capacity_report, common, diagnosis, monitoring
+from ansible_collections.pd.deploy.plugins.plugin_utils.plan import model
 from tests.fixtures.ops_inputs import CLUSTER, FIXED, LENGTHS, MARGINAL, PLAN, StandIn, answer_words, page, vllm_log
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))))
 
 
 def _plugin_filters():
-    spec = importlib.util.spec_from_file_location("pd_plugin_for_ops", os.path.join(REPO, "filter_plugins", "pd.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.FilterModule().filters()
+    from ansible_collections.pd.deploy.plugins.filter import pd
+    return pd.FilterModule().filters()
 
 
 @pytest.mark.parametrize("name", sorted(ops.FILTERS))
@@ -119,7 +116,7 @@ def test_health_check_playbook_reports_preemptions_and_fails_on_critical_when_as
     standins["decode"].reset(pages)
     standins["prefill"].reset([page({"running": 1, "waiting": 2})])
     args = ("-e", "pd_ops_scrape_interval=0", "-e", f"pd_ops_docker_socket={tmp_path / 'no-docker.sock'}")
-    done = _run("health-check.yml", inv, tmp_path, *args)
+    done = _run("health_check.yml", inv, tmp_path, *args)
     assert done.returncode == 0, done.stdout + done.stderr
     health = json.loads((tmp_path / "reports" / "t1" / "health.json").read_text())
     seqs = model.normalize("t1", copy.deepcopy(raw))["roles"]["decode"]["engine"]["max_num_seqs"]
@@ -131,7 +128,7 @@ def test_health_check_playbook_reports_preemptions_and_fails_on_critical_when_as
     assert "t1: CRITICAL" in done.stdout
     for server in standins.values():
         server.reset()
-    failed = _run("health-check.yml", inv, tmp_path, *args, "-e", "pd_health_fail_on_critical=true")
+    failed = _run("health_check.yml", inv, tmp_path, *args, "-e", "pd_health_fail_on_critical=true")
     assert failed.returncode != 0
     assert "Critical findings in t1" in failed.stdout
 
@@ -144,7 +141,7 @@ def test_token_gate_playbook_fails_on_one_changed_token_and_passes_on_equal(tmp_
     try:
         inv, _ = _inventory(tmp_path, 40011, 40012, a.port)
         common = ("-e", f"pd_gate_prompts_file={tmp_path / 'prompts.yml'}")
-        failed = _run("token-gate.yml", inv, tmp_path, *common, "-e", f"pd_gate_a_url=http://127.0.0.1:{a.port}",
+        failed = _run("token_gate.yml", inv, tmp_path, *common, "-e", f"pd_gate_a_url=http://127.0.0.1:{a.port}",
                       "-e", f"pd_gate_b_url=http://127.0.0.1:{b.port}")
         assert failed.returncode != 0
         result = json.loads((tmp_path / "reports" / "t1" / "gate-result.json").read_text())
@@ -154,9 +151,9 @@ def test_token_gate_playbook_fails_on_one_changed_token_and_passes_on_equal(tmp_
         assert [(m["prompt_index"], m["first_diverging_position"]) for m in result["mismatches"]] == [(1, pos)]
         assert f"prompt 1: first difference at character {pos}" in failed.stdout
         for label in ("before", "after"):   # default endpoint: the cluster's proxy (here: stand-in A)
-            rec = _run("token-gate.yml", inv, tmp_path, *common, "-e", "pd_gate_mode=record", "-e", f"pd_gate_label={label}")
+            rec = _run("token_gate.yml", inv, tmp_path, *common, "-e", "pd_gate_mode=record", "-e", f"pd_gate_label={label}")
             assert rec.returncode == 0, rec.stdout + rec.stderr
-        cmp_ = _run("token-gate.yml", inv, tmp_path, *common, "-e", "pd_gate_mode=compare",
+        cmp_ = _run("token_gate.yml", inv, tmp_path, *common, "-e", "pd_gate_mode=compare",
                     "-e", "pd_gate_before=before", "-e", "pd_gate_after=after")
         assert cmp_.returncode == 0, cmp_.stdout + cmp_.stderr
         record = json.loads((tmp_path / "reports" / "t1" / "gate-before.json").read_text())
@@ -169,7 +166,7 @@ def test_token_gate_playbook_fails_on_one_changed_token_and_passes_on_equal(tmp_
 @pytest.mark.ansible
 def test_capacity_and_monitoring_playbooks_write_their_files(tmp_path):
     inv, raw = _inventory(tmp_path, 40021, 40022, 40023)
-    done = _run("capacity-report.yml", inv, tmp_path)
+    done = _run("capacity_report.yml", inv, tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
     out = tmp_path / "reports" / "t1"
     assert json.loads((out / "capacity.json").read_text())["source"] == "estimate"
@@ -177,7 +174,7 @@ def test_capacity_and_monitoring_playbooks_write_their_files(tmp_path):
     ET.fromstring((out / "capacity.svg").read_text())
     boots = [{"max_model_len": L, "log_text": vllm_log(L, FIXED, MARGINAL)} for L in LENGTHS]
     (out / "baseline.json").write_text(json.dumps(baseline.baseline_report(boots, config=raw)))
-    again = _run("capacity-report.yml", inv, tmp_path)
+    again = _run("capacity_report.yml", inv, tmp_path)
     assert again.returncode == 0, again.stdout + again.stderr
     assert json.loads((out / "capacity.json").read_text())["source"] == "measured"
     mon = _run("monitoring.yml", inv, tmp_path, "-e", f"pd_monitoring_dir={tmp_path / 'monitoring'}")
@@ -190,9 +187,7 @@ def test_capacity_and_monitoring_playbooks_write_their_files(tmp_path):
 
 
 def test_load_script_against_a_stand_in_proxy():
-    spec = importlib.util.spec_from_file_location("pd_load", os.path.join(REPO, "roles", "pd_ops", "files", "pd_load.py"))
-    load = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(load)
+    from ansible_collections.pd.deploy.roles.pd_ops.files import pd_load as load
     proxy = StandIn()
     try:
         out = load.run(load_args(load, proxy.port))

@@ -1,4 +1,4 @@
-"""pd_deploy.ops.baseline: bare-engine specs and their start-up logs fitted back to a KV footprint.
+"""plugin_utils.ops.baseline: bare-engine specs and their start-up logs fitted back to a KV footprint.
 
 Expected values are derived from the inputs each test writes (a chosen fixed + marginal footprint, the
 metrics values served, the cluster configuration), never copied from the code's output.
@@ -8,10 +8,10 @@ import copy
 
 import pytest
 
-from pd_deploy.ops import logparse
-from pd_deploy.ops import baseline, common
-from pd_deploy.rollout import containers
-from pd_deploy.shared.errors import PdError
+from ansible_collections.pd.deploy.plugins.plugin_utils.ops import logparse
+from ansible_collections.pd.deploy.plugins.plugin_utils.ops import baseline, common
+from ansible_collections.pd.deploy.plugins.plugin_utils.rollout import containers
+from ansible_collections.pd.deploy.plugins.plugin_utils.shared.errors import PdError
 from tests.fixtures.ops_inputs import CLUSTER, FIXED, GIB, LENGTHS, MARGINAL, P99, PLAN, plan_of, vllm_log
 
 

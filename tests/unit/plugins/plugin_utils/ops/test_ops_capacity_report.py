@@ -1,4 +1,4 @@
-"""pd_deploy.ops.capacity_report: KV budget against the configured concurrency, and its chart.
+"""plugin_utils.ops.capacity_report: KV budget against the configured concurrency, and its chart.
 
 Expected values are derived from the inputs each test writes (a chosen fixed + marginal footprint, the
 metrics values served, the cluster configuration), never copied from the code's output.
@@ -10,9 +10,9 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from pd_deploy.ops import baseline, capacity_report, common
-from pd_deploy.plan import capacity, model
-from pd_deploy.shared.errors import PdError
+from ansible_collections.pd.deploy.plugins.plugin_utils.ops import baseline, capacity_report, common
+from ansible_collections.pd.deploy.plugins.plugin_utils.plan import capacity, model
+from ansible_collections.pd.deploy.plugins.plugin_utils.shared.errors import PdError
 from tests.fixtures.ops_inputs import CLUSTER, FIXED, GIB, LENGTHS, MARGINAL, P99, PLAN, plan_of, vllm_log
 
 
@@ -86,7 +86,7 @@ def test_capacity_chart_is_well_formed_svg_with_a_bar_per_figure():
 
 
 def test_capacity_reports_computes_every_cluster_in_one_call_with_each_baseline(tmp_path):
-    """capacity-report.yml's one controller computation: a baseline file applies to its own cluster."""
+    """capacity_report.yml's one controller computation: a baseline file applies to its own cluster."""
     other = dict(copy.deepcopy(CLUSTER), name="c2")
     plan = plan_of(CLUSTER)
     plan["clusters"]["c2"] = plan_of(other, ("c2-p0",), ("c2-d0",))["clusters"]["c2"]

@@ -1,4 +1,4 @@
-"""pd_deploy.ops.diagnosis: the pitfall table applied to a rank's scrapes and log, verdicts, and the
+"""plugin_utils.ops.diagnosis: the pitfall table applied to a rank's scrapes and log, verdicts, and the
 health-check adapters of Ansible loop results.
 
 Expected values are derived from the inputs each test writes (a chosen fixed + marginal footprint, the
@@ -9,9 +9,9 @@ import copy
 
 import pytest
 
-from pd_deploy.ops import diagnosis
-from pd_deploy.plan import capacity
-from pd_deploy.shared.errors import PdError
+from ansible_collections.pd.deploy.plugins.plugin_utils.ops import diagnosis
+from ansible_collections.pd.deploy.plugins.plugin_utils.plan import capacity
+from ansible_collections.pd.deploy.plugins.plugin_utils.shared.errors import PdError
 from tests.fixtures.ops_inputs import CLUSTER, D_SEQS, NORM, P99, PLAN, StandIn, page
 from tests.fixtures.real_metrics import PAGES, by_source, real_page
 

@@ -1,11 +1,11 @@
-"""pd_deploy.ops.gate: two answer sets compared token by token."""
+"""plugin_utils.ops.gate: two answer sets compared token by token."""
 
 import copy
 
 import pytest
 
-from pd_deploy.ops import gate
-from pd_deploy.shared.errors import PdError
+from ansible_collections.pd.deploy.plugins.plugin_utils.ops import gate
+from ansible_collections.pd.deploy.plugins.plugin_utils.shared.errors import PdError
 
 
 def test_token_gate_with_one_changed_token_fails_at_its_position():

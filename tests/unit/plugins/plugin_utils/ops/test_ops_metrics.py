@@ -1,4 +1,4 @@
-"""pd_deploy.ops.metrics: a vLLM /metrics page read into the signals, and the change between two scrapes.
+"""plugin_utils.ops.metrics: a vLLM /metrics page read into the signals, and the change between two scrapes.
 
 Expected values are derived from the inputs each test writes (a chosen fixed + marginal footprint, the
 metrics values served, the cluster configuration), never copied from the code's output.
@@ -6,8 +6,8 @@ metrics values served, the cluster configuration), never copied from the code's 
 
 import pytest
 
-from pd_deploy.ops import metrics
-from pd_deploy.shared.errors import PdError
+from ansible_collections.pd.deploy.plugins.plugin_utils.ops import metrics
+from ansible_collections.pd.deploy.plugins.plugin_utils.shared.errors import PdError
 from tests.fixtures.ops_inputs import page
 from tests.fixtures.real_metrics import PAGES, by_source, real_page
 

@@ -1,4 +1,4 @@
-"""pd_deploy.ops.monitoring: Prometheus scrape configuration and Grafana dashboard of a fleet plan.
+"""plugin_utils.ops.monitoring: Prometheus scrape configuration and Grafana dashboard of a fleet plan.
 
 Expected values are derived from the inputs each test writes (a chosen fixed + marginal footprint, the
 metrics values served, the cluster configuration), never copied from the code's output.
@@ -9,7 +9,7 @@ import json
 
 import yaml
 
-from pd_deploy.ops import monitoring
+from ansible_collections.pd.deploy.plugins.plugin_utils.ops import monitoring
 from tests.fixtures.ops_inputs import CLUSTER, PLAN, plan_of
 
 

@@ -1,4 +1,4 @@
-"""pd_deploy.ops.tuning: exactly one parameter changes per step; running containers against the plan.
+"""plugin_utils.ops.tuning: exactly one parameter changes per step; running containers against the plan.
 
 Expected values are derived from the inputs each test writes (a chosen fixed + marginal footprint, the
 metrics values served, the cluster configuration), never copied from the code's output.
@@ -8,8 +8,8 @@ import copy
 
 import pytest
 
-from pd_deploy.ops import tuning
-from pd_deploy.shared.errors import PdError
+from ansible_collections.pd.deploy.plugins.plugin_utils.ops import tuning
+from ansible_collections.pd.deploy.plugins.plugin_utils.shared.errors import PdError
 from tests.fixtures.ops_inputs import CLUSTER, D_SEQS, GIB, PLAN
 
 

@@ -1,4 +1,4 @@
-"""Unit tests for pd_deploy.capacity: the article's capacity and tuning arithmetic."""
+"""Unit tests for plugin_utils.capacity: the article's capacity and tuning arithmetic."""
 
 from fractions import Fraction
 
@@ -7,8 +7,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 from jinja2.nativetypes import NativeEnvironment
 
-from pd_deploy.plan import capacity
-from pd_deploy.plan.capacity import (
+from ansible_collections.pd.deploy.plugins.plugin_utils.plan import capacity
+from ansible_collections.pd.deploy.plugins.plugin_utils.plan.capacity import (
     DANGER_ZONE,
     SWEET_SPOT,
     UPPER_BOUND,
@@ -21,7 +21,7 @@ from pd_deploy.plan.capacity import (
     recommend_max_num_seqs,
     retention_interval,
 )
-from pd_deploy.shared.errors import PdError
+from ansible_collections.pd.deploy.plugins.plugin_utils.shared.errors import PdError
 
 GiB = 1024**3
 
@@ -408,7 +408,7 @@ def test_filters_through_jinja():
 
 
 # --- weights per NPU, KV budget from the weights (issue 10 finding 5) -----------------------------
-# Expected values are worked by hand from the published shapes (pd_deploy/data/models.yml's sources):
+# Expected values are worked by hand from the published shapes (plugins/plugin_utils/data/models.yml's sources):
 # 44 MoE layers (43 + MTP) x 256 experts x 3 x 4096 x 2048 routed-expert params, ~291.05e9 in all.
 
 EXPERT_PARAMS = 44 * 256 * 3 * 4096 * 2048
@@ -550,7 +550,7 @@ def test_kv_bytes_per_token_refuses_an_unknown_device_family():
 def _startup_fixture():
     import os
     import yaml
-    path = os.path.join(os.path.dirname(__file__), "..", "fixtures", "upstream", "startup-logs",
+    path = os.path.join(os.path.dirname(__file__), "..", "..", "..", "..", "fixtures", "upstream", "startup-logs",
                         "issue-13439-a2.yml")
     with open(path, encoding="utf-8") as handle:
         return yaml.safe_load(handle)

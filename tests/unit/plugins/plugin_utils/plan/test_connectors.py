@@ -1,4 +1,4 @@
-"""pd_deploy.connectors: the article's JSON, per-version keys, validation, purity."""
+"""plugin_utils.connectors: the article's JSON, per-version keys, validation, purity."""
 
 import copy
 import json
@@ -6,8 +6,8 @@ import json
 import jinja2
 import pytest
 
-from pd_deploy.plan import connectors, versions
-from pd_deploy.shared.errors import PdError
+from ansible_collections.pd.deploy.plugins.plugin_utils.plan import connectors, versions
+from ansible_collections.pd.deploy.plugins.plugin_utils.shared.errors import PdError
 from tests.fixtures.article import ARTICLE_D, ARTICLE_D_RENDERED
 
 GIB = 1024 ** 3

@@ -1,6 +1,6 @@
 """issue 12 "fail closed": classes of broken inventories the validator used to let through.
 
-Each case is a copy of the example fleet (tests/unit/test_fleet.py helpers) with one realistic mistake;
+Each case is a copy of the example fleet (tests/unit/plugins/plugin_utils/plan/test_fleet.py helpers) with one realistic mistake;
 the plan must be refused with a violation naming where, the field and a fix, and never raise.
 """
 
@@ -8,7 +8,7 @@ import copy
 
 import pytest
 
-from pd_deploy.plan import fleet
+from ansible_collections.pd.deploy.plugins.plugin_utils.plan import fleet
 from test_fleet import cluster_a, example_fleet, member
 
 GIB = 1024 ** 3
@@ -79,7 +79,7 @@ def test_a_mistyped_host_key_is_refused_by_name_with_a_suggestion():
 
 
 def test_role_defaults_and_documented_switches_are_known():
-    from pd_deploy.validate import inventory
+    from ansible_collections.pd.deploy.plugins.plugin_utils.validate import inventory
 
     known = inventory.known_variables()
     # a role default, a documented playbook switch, a host fact, the cluster dict

@@ -13,12 +13,12 @@ import re
 import pytest
 import yaml
 
-from pd_deploy.plan import fleet
-from pd_deploy.shared import text
-from pd_deploy.validate import inventory, rules
+from ansible_collections.pd.deploy.plugins.plugin_utils.plan import fleet
+from ansible_collections.pd.deploy.plugins.plugin_utils.shared import text
+from ansible_collections.pd.deploy.plugins.plugin_utils.validate import inventory, rules
 from test_fleet import cluster_a, example_fleet
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))))
 ZWSP = "\u200b"
 
 
@@ -108,7 +108,7 @@ def test_an_absolute_lock_dir_passes():
 
 
 def _path_like_variables():
-    names = set(yaml.safe_load(open(os.path.join(REPO, "pd_deploy", "data", "variables.yml"),
+    names = set(yaml.safe_load(open(os.path.join(REPO, "plugins", "plugin_utils", "data", "variables.yml"),
                                     encoding="utf-8"))["variables"])
     for role in os.listdir(os.path.join(REPO, "roles")):
         path = os.path.join(REPO, "roles", role, "defaults", "main.yml")

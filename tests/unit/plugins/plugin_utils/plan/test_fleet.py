@@ -1,4 +1,4 @@
-"""pd_deploy.fleet.plan_fleet on plain fleet dicts (what validate.yml hands it from hostvars).
+"""plugin_utils.fleet.plan_fleet on plain fleet dicts (what validate.yml hands it from hostvars).
 
 A fleet is {"hosts": [{name, groups, vars}], "limit": [...] | None}; each host's vars carry its
 cluster's pd_cluster (from group_vars) and its own pd_* host variables.
@@ -8,9 +8,9 @@ import copy
 
 import pytest
 
-from pd_deploy.plan import fleet
-from pd_deploy.rollout import order
-from pd_deploy.shared.errors import PdError
+from ansible_collections.pd.deploy.plugins.plugin_utils.plan import fleet
+from ansible_collections.pd.deploy.plugins.plugin_utils.rollout import order
+from ansible_collections.pd.deploy.plugins.plugin_utils.shared.errors import PdError
 
 
 # ---- helpers ------------------------------------------------------------------------------------
@@ -159,7 +159,7 @@ def test_wrong_types_and_values_name_their_field():
     for field in ("decode.dp", "prefill.engine.block_size", "mooncake_connector"):
         found = find(plan, field, "cluster_a")
         assert found, field
-        assert "schemas/cluster.schema.json" in found[0]["fix"]
+        assert "plugins/plugin_utils/schemas/cluster.schema.json" in found[0]["fix"]
 
 
 def test_missing_required_key_is_reported():
@@ -426,7 +426,7 @@ def test_a_host_without_probe_is_refused():
 
 
 def test_rollout_summary_says_which_clusters_were_rolled_and_which_left_alone():
-    from pd_deploy.report import summary as report
+    from ansible_collections.pd.deploy.plugins.plugin_utils.report import summary as report
     plan = fleet.plan_fleet(example_fleet())
     probes = converged_probes(plan)
     probes["a-d0"]["containers"] = []
@@ -507,7 +507,7 @@ def test_weights_that_do_not_fit_a_910b4_fail_the_plan():
     (["/srv/collection"], "collection-inventory"),
 ])
 def test_inventory_slug_names_one_safe_directory_per_inventory(sources, slug):
-    from pd_deploy.report.summary import inventory_slug
+    from ansible_collections.pd.deploy.plugins.plugin_utils.report.summary import inventory_slug
     assert inventory_slug(sources) == slug
 
 
@@ -522,7 +522,7 @@ def test_inventory_slug_names_one_safe_directory_per_inventory(sources, slug):
 ])
 def test_the_summary_says_why_each_container_was_started(change, reason):
     # a plain restart of an unchanged spec is not called a changed launch spec
-    from pd_deploy.report import summary as report
+    from ansible_collections.pd.deploy.plugins.plugin_utils.report import summary as report
     plan = fleet.plan_fleet(example_fleet())
     probes = converged_probes(plan)
     rank = probes["b-d1"]["containers"][1]
@@ -555,7 +555,7 @@ def _failed_rollout(plan, probes_before):
 
 
 def test_the_report_after_a_failure_tells_each_containers_spec_leftovers_and_lost_hosts():
-    from pd_deploy.report import summary as report
+    from ansible_collections.pd.deploy.plugins.plugin_utils.report import summary as report
     plan = fleet.plan_fleet(example_fleet())
     fresh = {h: {"containers": []} for h in HOSTS}
     targets, outcomes = _failed_rollout(plan, fresh)
@@ -585,7 +585,7 @@ def test_the_report_after_a_failure_tells_each_containers_spec_leftovers_and_los
 
 
 def test_a_cluster_the_failed_deploy_never_reached_says_so():
-    from pd_deploy.report import summary as report
+    from ansible_collections.pd.deploy.plugins.plugin_utils.report import summary as report
     plan = fleet.plan_fleet(example_fleet())
     targets = order.rollout_targets(plan, {h: {"containers": []} for h in HOSTS}, HOSTS)
     outcomes = {"a-p0": {"done": False, "task": "Take the deploy lock", "msg": "held by another run"}}
@@ -600,7 +600,7 @@ def test_a_cluster_the_failed_deploy_never_reached_says_so():
 def test_a_deploy_refused_by_another_runs_lock_reports_only_not_touched_held_by():
     """Issue 20: the refused cluster was reported "FAILED during its rollout" with the other run's
     leftover -previous, and the closing message asked to fix the cause."""
-    from pd_deploy.report import summary as report
+    from ansible_collections.pd.deploy.plugins.plugin_utils.report import summary as report
     plan = fleet.plan_fleet(example_fleet())
     targets = order.rollout_targets(plan, {h: {"containers": []} for h in HOSTS}, HOSTS)
     held = "sre@ctl-other, ansible-playbook pid 4242, started 2026-12-01T10:02:00Z"
@@ -633,7 +633,7 @@ def test_a_deploy_refused_by_another_runs_lock_reports_only_not_touched_held_by(
 def test_after_a_failure_a_cluster_left_alone_is_reported_from_its_hosts_read_again():
     """Issue 20: after a daemon restart the untouched cluster was reported "unchanged (every container
     answered its health URL)" from the prechecks' reading while all its containers were stopped."""
-    from pd_deploy.report import summary as report
+    from ansible_collections.pd.deploy.plugins.plugin_utils.report import summary as report
     plan = fleet.plan_fleet(example_fleet())
     before = converged_probes(plan)
     before["b-d0"]["containers"] = []  # only cluster_b changes; cluster_a is left alone
@@ -660,7 +660,7 @@ def test_after_a_failure_a_cluster_left_alone_is_reported_from_its_hosts_read_ag
 
 
 def test_a_successful_or_dry_run_reads_nothing_again():
-    from pd_deploy.report import summary as report
+    from ansible_collections.pd.deploy.plugins.plugin_utils.report import summary as report
     plan = fleet.plan_fleet(example_fleet())
     targets = order.rollout_targets(plan, {h: {"containers": []} for h in HOSTS}, HOSTS)
     done = {h: {"done": True} for h in HOSTS}
@@ -688,7 +688,7 @@ def _on_images(probes, running, now):
 
 
 def test_a_moved_tag_rolls_nothing_and_warns_once_per_cluster():
-    from pd_deploy.report import summary as report
+    from ansible_collections.pd.deploy.plugins.plugin_utils.report import summary as report
     plan = fleet.plan_fleet(example_fleet())
     targets = order.rollout_targets(plan, _on_images(converged_probes(plan), OLD_ID, NEW_ID), HOSTS)
     # cluster_a runs nightly-main, which moved; cluster_b runs v0.25.1rc1, which did not
@@ -708,7 +708,7 @@ def test_a_moved_tag_rolls_nothing_and_warns_once_per_cluster():
 
 
 def test_the_report_shows_the_image_a_started_container_is_started_from():
-    from pd_deploy.report import summary as report
+    from ansible_collections.pd.deploy.plugins.plugin_utils.report import summary as report
     plan = fleet.plan_fleet(example_fleet())
     probes = _on_images(converged_probes(plan), OLD_ID, NEW_ID)
     probes["a-d0"]["containers"] = []
@@ -723,7 +723,7 @@ def test_the_report_shows_the_image_a_started_container_is_started_from():
 
 
 def test_the_report_after_a_failure_shows_the_image_each_container_runs_as_read_again():
-    from pd_deploy.report import summary as report
+    from ansible_collections.pd.deploy.plugins.plugin_utils.report import summary as report
     plan = fleet.plan_fleet(example_fleet())
     targets, outcomes = _failed_rollout(plan, {h: {"containers": []} for h in HOSTS})
     after = _on_images(converged_probes(plan), OLD_ID, NEW_ID)
@@ -952,7 +952,7 @@ def test_scaling_in_removes_the_dropped_ranks_and_rewires_the_proxy():
     assert targets["changed"] == ["cluster_b"] and targets["pending"] == {}
     assert sorted(n for names in targets["removed"].values() for n in names) == sorted(r["name"] for r in dropped)
     assert "cluster_a" in targets["unchanged"]
-    from pd_deploy.report import summary as report
+    from ansible_collections.pd.deploy.plugins.plugin_utils.report import summary as report
     lines = report.rollout_summary(after, HOSTS, targets, outcomes={h: {"done": True} for h in targets["hosts"]})
     assert any(line.startswith(f"  removed {dropped[0]['name']} on ") for line in lines)
     assert any(line.endswith("re-wired live: its instances were added or removed") for line in lines)
@@ -971,7 +971,7 @@ def test_a_proxy_wired_as_planned_or_unreadable_is_no_change():
 
 
 def test_only_this_hosts_dropped_ranks_are_orphans_not_kept_previous_or_baseline_containers():
-    from pd_deploy.rollout import containers
+    from ansible_collections.pd.deploy.plugins.plugin_utils.rollout import containers
     plan = _scaled(1)
     entry = plan["hosts"]["b-d0"]
     rank = entry["specs"][0]["name"]

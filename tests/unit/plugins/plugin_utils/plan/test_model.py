@@ -1,6 +1,6 @@
-"""pd_deploy.model: normalization, placement, offload arithmetic, shm, launch specs, proxy spec.
+"""plugin_utils.model: normalization, placement, offload arithmetic, shm, launch specs, proxy spec.
 
-Expected values come from the inputs written in each test, from pd_deploy/data/defaults.yml read
+Expected values come from the inputs written in each test, from plugins/plugin_utils/data/defaults.yml read
 here independently, or from the article's numbers in DOMAIN.md (200 GiB over 8 NPUs = 26843545600).
 """
 
@@ -11,14 +11,14 @@ import os
 import pytest
 import yaml
 
-from pd_deploy.plan import launch, model
-from pd_deploy.shared.errors import PdError
+from ansible_collections.pd.deploy.plugins.plugin_utils.plan import launch, model
+from ansible_collections.pd.deploy.plugins.plugin_utils.shared.errors import PdError
 
 GIB = 1024 ** 3
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))))
 MODEL_PATH = "/data/models/DeepSeek-V4-Flash"
 
-with open(os.path.join(REPO, "pd_deploy", "data", "defaults.yml"), encoding="utf-8") as _fh:
+with open(os.path.join(REPO, "plugins", "plugin_utils", "data", "defaults.yml"), encoding="utf-8") as _fh:
     DEFAULTS = yaml.safe_load(_fh)
 
 

@@ -1,11 +1,11 @@
-"""pd_deploy/data/models.yml: the expected KV bytes/token band per model family, and its loader."""
+"""plugins/plugin_utils/data/models.yml: the expected KV bytes/token band per model family, and its loader."""
 
 import pytest
 
-from pd_deploy.ops import common
-from pd_deploy.ops.logparse import FAR_HIGH_FACTOR, judge_bytes_per_token
-from pd_deploy.plan import model
-from pd_deploy.shared.errors import PdError
+from ansible_collections.pd.deploy.plugins.plugin_utils.ops import common
+from ansible_collections.pd.deploy.plugins.plugin_utils.ops.logparse import FAR_HIGH_FACTOR, judge_bytes_per_token
+from ansible_collections.pd.deploy.plugins.plugin_utils.plan import model
+from ansible_collections.pd.deploy.plugins.plugin_utils.shared.errors import PdError
 
 DATA = common.models()
 

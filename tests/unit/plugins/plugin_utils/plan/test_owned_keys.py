@@ -1,6 +1,6 @@
 """issue 21 "fail closed, round 3" #2: one owner per rendered key.
 
-pd_deploy/data/owned_keys.yml names, for every flag, env variable and JSON key the renderer emits, the
+plugins/plugin_utils/data/owned_keys.yml names, for every flag, env variable and JSON key the renderer emits, the
 inventory key that sets it. The first tests render the example and local inventories (and variants
 that switch on every conditional flag) and fail when the renderer emits a key the table lacks, so
 the table cannot go stale; the others check that a pass-through (extra_args, env, additional_config)
@@ -14,12 +14,12 @@ import os
 import pytest
 import yaml
 
-from pd_deploy.plan import fleet, launch, model
-from pd_deploy.shared import datafiles
-from pd_deploy.validate import guards
+from ansible_collections.pd.deploy.plugins.plugin_utils.plan import fleet, launch, model
+from ansible_collections.pd.deploy.plugins.plugin_utils.shared import datafiles
+from ansible_collections.pd.deploy.plugins.plugin_utils.validate import guards
 from test_fleet import cluster_a, example_fleet
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))))
 JSON_FLAGS = ("--additional-config", "--kv-transfer-config", "--speculative-config", "--compilation-config")
 
 
@@ -153,7 +153,7 @@ def test_every_key_the_renderer_emits_has_an_owner_in_the_table(inventory, varia
         owned = table["engine_json"][flag]
         # a path is covered by itself or by an owned key below it (an object the renderer builds)
         missing += [f"{flag} {p}" for p in sorted(found) if p not in owned and not any(k.startswith((p + ".", p + "[]")) for k in owned)]
-    assert missing == [], f"rendered but not in pd_deploy/data/owned_keys.yml: {missing}"
+    assert missing == [], f"rendered but not in plugins/plugin_utils/data/owned_keys.yml: {missing}"
 
 
 def test_the_variants_switch_on_the_conditional_flags():

@@ -1,15 +1,15 @@
-"""pd_deploy.ports: Mooncake's transport window by version, HCCL windows per instance, port limits.
+"""plugin_utils.ports: Mooncake's transport window by version, HCCL windows per instance, port limits.
 
 Expected numbers are typed from the sources (kvcache-ai/Mooncake tags, CANN's HCCL_IF_BASE_PORT
-reference), never read from pd_deploy/data/ports.yml.
+reference), never read from plugins/plugin_utils/data/ports.yml.
 """
 
 import pytest
 
-from pd_deploy.plan import launch, model, ports, versions
-from pd_deploy.shared import datafiles
-from pd_deploy.shared.errors import PdError
-from pd_deploy.validate import rules
+from ansible_collections.pd.deploy.plugins.plugin_utils.plan import launch, model, ports, versions
+from ansible_collections.pd.deploy.plugins.plugin_utils.shared import datafiles
+from ansible_collections.pd.deploy.plugins.plugin_utils.shared.errors import PdError
+from ansible_collections.pd.deploy.plugins.plugin_utils.validate import rules
 
 
 def plan(raw, hosts):

@@ -2,7 +2,7 @@
 
 Fleets are generated (clusters, instances, DP, TP, hosts with shared addresses, port bases, HCCL
 and Mooncake bases). For every accepted fleet the ports each container will really take are read
-back from the rendered launch specs, independently of pd_deploy/ports.py, from upstream's facts:
+back from the rendered launch specs, independently of plugins/plugin_utils/ports.py, from upstream's facts:
 
 * ``--port``; ``--data-parallel-rpc-port`` on DP rank 0 (vLLM binds it on the DP master);
 * Mooncake handshake ports: rank r of a DP x TP instance listens on kv_port + r x TP + tp_rank
@@ -25,7 +25,7 @@ import re
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pd_deploy.plan import fleet
+from ansible_collections.pd.deploy.plugins.plugin_utils.plan import fleet
 
 TRANSPORT_BASE, TRANSPORT_STRIDE = 20000, 100
 RPC_WINDOW = (15000, 17000)

@@ -1,14 +1,14 @@
 """issue 21 "fail closed, round 3": numbers of the wrong type, messages in the operator's words.
 
-Each case is the example fleet (tests/unit/test_fleet.py helpers) with one mistake of a class the
+Each case is the example fleet (tests/unit/plugins/plugin_utils/plan/test_fleet.py helpers) with one mistake of a class the
 issue found; the plan must refuse it on the field the operator wrote, once, with a figure that can be
 true, and never in the code's own names.
 """
 
 import pytest
 
-from pd_deploy.plan import fleet, model
-from pd_deploy.validate import rules
+from ansible_collections.pd.deploy.plugins.plugin_utils.plan import fleet, model
+from ansible_collections.pd.deploy.plugins.plugin_utils.validate import rules
 from test_fleet import cluster_a, example_fleet
 
 INTERNAL = ("pd_recompute_child", "pd_offloading_child", "pd_kv_transfer_config", "cpu_bytes_to_use",
@@ -184,7 +184,7 @@ class _Undecryptable:
      "the vault password given does not decrypt it", "the password it was encrypted with"),
 ])
 def test_a_missing_and_a_wrong_vault_password_get_different_hints(said, problem, fix):
-    from pd_deploy.validate import secrets
+    from ansible_collections.pd.deploy.plugins.plugin_utils.validate import secrets
 
     fact = secrets.host_key_fact(_Undecryptable(said))
     assert problem in fact["problem"] and "/inv/group_vars/cluster_a.yml:52:13" in fact["problem"], fact

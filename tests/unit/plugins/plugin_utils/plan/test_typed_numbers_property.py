@@ -22,7 +22,7 @@ import json
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pd_deploy.plan import fleet
+from ansible_collections.pd.deploy.plugins.plugin_utils.plan import fleet
 from test_fleet import member
 
 

@@ -22,9 +22,9 @@ import re
 import pytest
 import yaml
 
-from pd_deploy.plan import launch, model
+from ansible_collections.pd.deploy.plugins.plugin_utils.plan import launch, model
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))))
 FIXTURES = sorted(glob.glob(os.path.join(REPO, "tests", "fixtures", "upstream", "*.yml")))
 TABLE = os.path.join(REPO, "docs", "upstream-deviations.md")
 ROLES = ("prefill", "decode")

@@ -1,4 +1,4 @@
-"""pd_deploy.versions and pd_deploy/data/versions.yml."""
+"""plugin_utils.versions and plugins/plugin_utils/data/versions.yml."""
 
 import copy
 
@@ -7,9 +7,9 @@ import os
 
 import yaml
 
-import pd_deploy
-from pd_deploy.plan import versions
-from pd_deploy.shared.errors import PdError
+from ansible_collections.pd.deploy.plugins import plugin_utils
+from ansible_collections.pd.deploy.plugins.plugin_utils.plan import versions
+from ansible_collections.pd.deploy.plugins.plugin_utils.shared.errors import PdError
 
 OLD_SPEC = "vllm_ascend.kv_offload.npu"
 MAIN_SPEC = "vllm_ascend.distributed.kv_transfer.kv_pool.kv_offload.native.npu"
@@ -114,7 +114,7 @@ def test_same_answer_twice():
 
 
 def test_table_file_is_plain_yaml_with_quoted_lines():
-    path = os.path.join(os.path.dirname(pd_deploy.__file__), "data", "versions.yml")
+    path = os.path.join(os.path.dirname(plugin_utils.__file__), "data", "versions.yml")
     with open(path, encoding="utf-8") as handle:
         table = yaml.safe_load(handle)
     assert all(isinstance(k, str) for k in table)

@@ -1,11 +1,11 @@
-"""pd_deploy.containers: what the container role decides from Docker's and the host's answers."""
+"""plugin_utils.containers: what the container role decides from Docker's and the host's answers."""
 
 import copy
 
 import pytest
 
-from pd_deploy.rollout import containers
-from pd_deploy.shared.errors import PdError
+from ansible_collections.pd.deploy.plugins.plugin_utils.rollout import containers
+from ansible_collections.pd.deploy.plugins.plugin_utils.shared.errors import PdError
 
 
 def spec(name, spec_hash="h-" + "0" * 8, http=8200, dp_rank=0, kv=(30100, 30108), dp_rpc=13399, **extra):
@@ -120,7 +120,7 @@ def test_rollback_message_names_host_containers_state_logs_and_fix():
     # the log tail is quoted without Docker's stream framing bytes
     assert "RuntimeError: NPU out of memory" in text
     assert "\x00" not in text and "\x01" not in text
-    assert "pd_render_only=true" in rest[-1] and "collect-logs.yml" in rest[-1]
+    assert "pd_render_only=true" in rest[-1] and "collect_logs.yml" in rest[-1]
 
 
 def test_docker_logs_reads_slurped_bodies_by_container_name():
@@ -407,7 +407,7 @@ def test_no_kill_point_of_a_replacement_leaves_a_previous_container_that_restart
     """A run SIGKILLed after any task of preserve.yml: whatever is named <name>-previous has policy no
     (issue 20: a kill right after the rename left it unless-stopped)."""
     from pathlib import Path
-    tasks = yaml_load((Path(__file__).resolve().parents[2] / "roles/pd_container/tasks/preserve.yml").read_text())
+    tasks = yaml_load((Path(__file__).resolve().parents[5] / "roles/pd_container/tasks/preserve.yml").read_text())
     host = {"r": {"running": True, "policy": policy}, "r-previous": {"running": False, "policy": "no"}}
     states = [copy.deepcopy(host)] + list(_run_tasks(tasks, host, "r"))
     assert len(states) == len(tasks) + 1, "a task of preserve.yml this test does not model"

@@ -1,4 +1,4 @@
-"""Known-failure scan (pd_deploy/failures.py, pd_deploy/data/known_failures.yml) and the table of
+"""Known-failure scan (plugins/plugin_utils/failures.py, plugins/plugin_utils/data/known_failures.yml) and the table of
 docs/guide/troubleshoot.md.
 
 Each recorded line below is quoted from where the table's ``source`` says (issue or ref:path:line),
@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from pd_deploy.rollout import failures
-from pd_deploy.shared.errors import PdError
+from ansible_collections.pd.deploy.plugins.plugin_utils.rollout import failures
+from ansible_collections.pd.deploy.plugins.plugin_utils.shared.errors import PdError
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[5]
 
 # (entry id, recorded line, provenance)
 RECORDED = [
@@ -105,7 +105,7 @@ def test_guide_table_matches_the_data_file():
     start = page.index("<!-- known-failures:start -->")
     end = page.index("<!-- known-failures:end -->")
     assert page[start:end].split("\n", 1)[1].strip() == failures.markdown_table().strip(), (
-        "docs/guide/troubleshoot.md's known-failure table is stale: paste pd_deploy.failures.markdown_table() "
+        "docs/guide/troubleshoot.md's known-failure table is stale: paste plugin_utils.failures.markdown_table() "
         "between the markers")
 
 

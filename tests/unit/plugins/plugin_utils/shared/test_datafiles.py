@@ -1,4 +1,4 @@
-"""pd_deploy.datafiles: each data file is parsed once, yet every caller gets its own copy."""
+"""plugin_utils.datafiles: each data file is parsed once, yet every caller gets its own copy."""
 
 import json
 import os
@@ -6,11 +6,11 @@ import os
 import pytest
 import yaml
 
-from pd_deploy.shared import datafiles
+from ansible_collections.pd.deploy.plugins.plugin_utils.shared import datafiles
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-DATA = sorted(n for n in os.listdir(os.path.join(REPO, "pd_deploy", "data")) if n.endswith(".yml"))
-SCHEMAS = sorted(n for n in os.listdir(os.path.join(REPO, "schemas")) if n.endswith(".json"))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))))
+DATA = sorted(n for n in os.listdir(os.path.join(REPO, "plugins", "plugin_utils", "data")) if n.endswith(".yml"))
+SCHEMAS = sorted(n for n in os.listdir(os.path.join(REPO, "plugins", "plugin_utils", "schemas")) if n.endswith(".json"))
 
 
 def _poke(value):
@@ -27,7 +27,7 @@ def _poke(value):
 
 @pytest.mark.parametrize("name", DATA)
 def test_yaml_data_is_the_file_and_a_caller_cannot_change_the_next_answer(name):
-    with open(os.path.join(REPO, "pd_deploy", "data", name), encoding="utf-8") as handle:
+    with open(os.path.join(REPO, "plugins", "plugin_utils", "data", name), encoding="utf-8") as handle:
         expected = yaml.safe_load(handle)
     first = datafiles.yaml_data(name)
     assert first == expected
@@ -38,7 +38,7 @@ def test_yaml_data_is_the_file_and_a_caller_cannot_change_the_next_answer(name):
 
 @pytest.mark.parametrize("name", SCHEMAS)
 def test_schema_is_the_file_and_a_caller_cannot_change_the_next_answer(name):
-    with open(os.path.join(REPO, "schemas", name), encoding="utf-8") as handle:
+    with open(os.path.join(REPO, "plugins", "plugin_utils", "schemas", name), encoding="utf-8") as handle:
         expected = json.load(handle)
     first = datafiles.schema(name)
     assert first == expected

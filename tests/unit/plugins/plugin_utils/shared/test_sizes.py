@@ -1,4 +1,4 @@
-"""Unit tests for pd_deploy.sizes: human sizes, per-rank splits, short human strings."""
+"""Unit tests for plugin_utils.sizes: human sizes, per-rank splits, short human strings."""
 
 import pytest
 from ansible.errors import AnsibleFilterError
@@ -6,9 +6,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 from jinja2.nativetypes import NativeEnvironment
 
-from pd_deploy.shared import sizes
-from pd_deploy.shared.errors import PdError
-from pd_deploy.shared.sizes import check_int, check_number, parse_size, split_per_rank, to_bytes, to_human
+from ansible_collections.pd.deploy.plugins.plugin_utils.shared import sizes
+from ansible_collections.pd.deploy.plugins.plugin_utils.shared.errors import PdError
+from ansible_collections.pd.deploy.plugins.plugin_utils.shared.sizes import check_int, check_number, parse_size, split_per_rank, to_bytes, to_human
 
 GiB = 1024**3
 MiB = 1024**2

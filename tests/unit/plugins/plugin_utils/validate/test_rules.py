@@ -1,7 +1,7 @@
-"""pd_deploy.rules: each rule fails and passes, all violations come back at once.
+"""plugin_utils.rules: each rule fails and passes, all violations come back at once.
 
 The fixtures are built by hand from docs/design.md (normalized cluster, host records, topology),
-so these tests do not depend on pd_deploy.model's normalisation.
+so these tests do not depend on plugin_utils.model's normalisation.
 """
 
 import copy
@@ -9,9 +9,9 @@ import json
 
 import pytest
 
-from pd_deploy.plan import connectors, model, ports, versions
-from pd_deploy.shared.errors import PdError
-from pd_deploy.validate import rules
+from ansible_collections.pd.deploy.plugins.plugin_utils.plan import connectors, model, ports, versions
+from ansible_collections.pd.deploy.plugins.plugin_utils.shared.errors import PdError
+from ansible_collections.pd.deploy.plugins.plugin_utils.validate import rules
 
 GIB = 1024 ** 3
 

@@ -1,4 +1,4 @@
-"""schemas/*.json against what ships: inventories validate, schema and defaults cannot drift, and
+"""plugins/plugin_utils/schemas/*.json against what ships: inventories validate, schema and defaults cannot drift, and
 each role's meta/argument_specs.yml lists exactly its defaults/main.yml (prometheus-community's CI
 trick)."""
 
@@ -10,7 +10,7 @@ import jsonschema
 import pytest
 import yaml
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))))
 ROLES = sorted(os.path.basename(p) for p in glob.glob(os.path.join(REPO, "roles", "*")) if os.path.isdir(p))
 INVENTORIES = sorted(os.path.basename(p) for p in glob.glob(os.path.join(REPO, "inventories", "*")))
 
@@ -21,11 +21,11 @@ def load_yaml(*parts):
 
 
 def load_schema(name):
-    with open(os.path.join(REPO, "schemas", name), encoding="utf-8") as handle:
+    with open(os.path.join(REPO, "plugins", "plugin_utils", "schemas", name), encoding="utf-8") as handle:
         return json.load(handle)
 
 
-DEFAULTS = load_yaml("pd_deploy", "data", "defaults.yml")
+DEFAULTS = load_yaml("plugins", "plugin_utils", "data", "defaults.yml")
 CLUSTER = load_schema("cluster.schema.json")
 HOST = load_schema("host.schema.json")
 

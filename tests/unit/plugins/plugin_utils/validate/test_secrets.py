@@ -9,7 +9,6 @@ import argparse
 import copy
 import hashlib
 import hmac
-import importlib.util
 import json
 import os
 import threading
@@ -17,14 +16,14 @@ from http.server import ThreadingHTTPServer
 
 import pytest
 
-from pd_deploy.plan import fleet, launch
-from pd_deploy.shared.errors import PdError
-from pd_deploy.validate import secrets
-from test_filters_registration import PLUGIN
-from test_fleet import cluster_a, example_fleet, member
+from ansible_collections.pd.deploy.plugins.plugin_utils.plan import fleet, launch
+from ansible_collections.pd.deploy.plugins.plugin_utils.shared.errors import PdError
+from ansible_collections.pd.deploy.plugins.plugin_utils.validate import secrets
+from tests.unit.plugins.filter.test_filters_registration import PLUGIN
+from tests.unit.plugins.plugin_utils.plan.test_fleet import cluster_a, example_fleet, member
 from tests.fixtures.ops_inputs import _Pages
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))))
 KEY = "sk-pd-test-9f8e7d6c5b4a39281706f5e4d3c2b1a0"
 OTHER = "sk-pd-test-00000000000000000000000000000001"
 
@@ -219,9 +218,7 @@ def _serve():
 
 
 def test_load_script_sends_the_key_from_its_file(tmp_path):
-    spec = importlib.util.spec_from_file_location("pd_load", os.path.join(REPO, "roles", "pd_ops", "files", "pd_load.py"))
-    load = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(load)
+    from ansible_collections.pd.deploy.roles.pd_ops.files import pd_load as load
     key_file = tmp_path / "api-key"
     httpd = _serve()
     try:

@@ -1,4 +1,4 @@
-"""The one documented list of pd_* variables (pd_deploy/data/variables.yml) stays complete and alive:
+"""The one documented list of pd_* variables (plugins/plugin_utils/data/variables.yml) stays complete and alive:
 the validator refuses every pd_* host variable that is not a host fact, a role default or on that list,
 so a playbook variable missing from it would be refused when an operator sets it."""
 
@@ -7,9 +7,9 @@ import os
 
 import yaml
 
-from pd_deploy.validate import inventory
+from ansible_collections.pd.deploy.plugins.plugin_utils.validate import inventory
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))))
 
 
 def play_vars():
@@ -28,8 +28,8 @@ def test_every_public_play_variable_is_known():
 
 def test_every_documented_variable_is_used_somewhere():
     text = ""
-    for pattern in ("playbooks/*.yml", "roles/*/*/*.yml", "pd_deploy/**/*.py", "inventories/*/hosts.yml",
-                    "action_plugins/*.py"):
+    for pattern in ("playbooks/*.yml", "roles/*/*/*.yml", "plugins/plugin_utils/**/*.py", "inventories/*/hosts.yml",
+                    "plugins/action/*.py"):
         for path in glob.glob(os.path.join(REPO, pattern), recursive=True):
             with open(path, encoding="utf-8") as handle:
                 text += handle.read()
