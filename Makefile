@@ -3,7 +3,8 @@
 #   make test   venv + lint + unit/render tests + Molecule scenarios on a local Docker engine (lint and
 #               unit beside the Molecule lanes: tests/harness/run-tests.sh; PD_TEST_SERIAL=1 one by one)
 #   make collection  build/collection/pd-deploy-<version>.tar.gz: `ansible-galaxy collection build` of the
-#               checkout, which is the collection pd.deploy (galaxy.yml at the top; no Galaxy needed)
+#               checkout, which is the collection pd.deploy (galaxy.yml at the top; no Galaxy needed), and
+#               the tarballs of its dependencies rebuilt from the ansible wheel (tools/wheel_collections.py)
 #   make docs   rewrite docs/reference/variables.md from the argument specs, schemas and data files
 SHELL := /bin/bash
 PYTHON ?= python3
@@ -40,6 +41,7 @@ test: venv
 
 collection: venv
 	$(BIN)/ansible-galaxy collection build --force --output-path build/collection .
+	$(BIN)/python tools/wheel_collections.py --out build/collection
 
 docs: venv
 	$(BIN)/python tools/variable_reference.py
