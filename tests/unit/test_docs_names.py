@@ -18,7 +18,7 @@ from ansible_collections.pd.deploy.plugins import plugin_utils
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PAGES = ("docs/design.md", "docs/development.md")
-TOP = ("plugins", "meta", "roles", "playbooks", "tools", "tests", "bench", "molecule", "docs", "inventories", "collections")
+TOP = ("plugins", "roles", "playbooks", "tools", "tests", "bench", "molecule", "docs", "inventories", "collections")
 PACKAGE = "ansible_collections.pd.deploy.plugins.plugin_utils"
 # every module by its dotted path under plugin_utils ("plan.fleet") and, where the last part is unique, by
 # that part alone ("fleet"); a name written with the package ("plugin_utils.plan.fleet.x") must be the full path
