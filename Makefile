@@ -2,7 +2,11 @@
 #   make demo   venv + render-only run of the main playbook on the embedded inventories (no hardware)
 #   make test   venv + lint + unit/render tests + Molecule scenarios on a local Docker engine (lint and
 #               unit beside the Molecule lanes: tests/harness/run-tests.sh; PD_TEST_SERIAL=1 one by one)
-#   make collection  build/collection/pd-deploy-<version>.tar.gz (Ansible collection pd.deploy, no Galaxy)
+#   make collection  build/collection/pd-deploy-<version>.tar.gz: `ansible-galaxy collection build` of the
+#               checkout, which is the collection pd.deploy (galaxy.yml at the top; no Galaxy needed), and
+#               the tarballs of its dependencies rebuilt from the ansible wheel (tools/wheel_collections.py)
+#   make check-collection  ansible-lint and ansible-doc of the built collection, installed offline with its
+#               dependencies into a lean venv (tests/harness/check-artifact.sh)
 #   make docs   rewrite docs/reference/variables.md from the argument specs, schemas and data files
 SHELL := /bin/bash
 PYTHON ?= python3
@@ -10,7 +14,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv demo test lint unit molecule bench bench-deploy collection docs clean
+.PHONY: venv demo test lint unit molecule bench bench-deploy collection check-collection docs clean
 
 venv: $(STAMP)
 
@@ -38,7 +42,11 @@ test: venv
 	PATH="$(CURDIR)/$(BIN):$$PATH" MAKE="$(MAKE)" bash tests/harness/run-tests.sh
 
 collection: venv
-	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python tools/build-collection.py
+	$(BIN)/ansible-galaxy collection build --force --output-path build/collection .
+	$(BIN)/python tools/wheel_collections.py --out build/collection
+
+check-collection: venv
+	PD_PROJECT_PYTHON="$(CURDIR)/$(BIN)/python" bash tests/harness/check-artifact.sh
 
 docs: venv
 	$(BIN)/python tools/variable_reference.py

@@ -12,7 +12,7 @@ callbacks) applies to all three:
 
     floor     ansible all -m ansible.builtin.ping -i <inv>
     validate  ansible-playbook playbooks/validate.yml -i <inv>
-    render    ansible-playbook playbooks/deploy-pd.yml -i <inv> -e pd_render_only=true
+    render    ansible-playbook playbooks/deploy_pd.yml -i <inv> -e pd_render_only=true
 
 Validate and render write into a fresh temporary build directory per run (-e pd_plan_build_dir),
 never into build/; a render run that wrote no launch spec under <build>/render/<host>/ is an error,
@@ -35,9 +35,8 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-sys.path.insert(0, HERE)
 
-import gen_fleet  # noqa: E402
+import gen_fleet  # noqa: E402  (beside this script: Python puts the script's directory first on the path)
 
 BIN = os.path.dirname(sys.executable)
 RECAP = re.compile(r"^(?P<host>\S+)\s+:\s+ok=(?P<ok>\d+)\s+changed=(?P<changed>\d+)\s+"
@@ -83,14 +82,14 @@ def command(kind, inventory, build, forks=None):
         return [tool("ansible"), "all", "-m", "ansible.builtin.ping", "-i", inventory] + extra
     out = ["-e", f"pd_plan_build_dir={build}"]
     if kind == "capacity":
-        return [tool("ansible-playbook"), "playbooks/capacity-report.yml", "-i", inventory,
+        return [tool("ansible-playbook"), "playbooks/capacity_report.yml", "-i", inventory,
                 "-e", f"pd_ops_reports_dir={build}/reports"] + out + extra
     if kind == "monitoring":
         return [tool("ansible-playbook"), "playbooks/monitoring.yml", "-i", inventory,
                 "-e", f"pd_monitoring_dir={build}/monitoring"] + out + extra
     if kind == "validate":
         return [tool("ansible-playbook"), "playbooks/validate.yml", "-i", inventory] + out + extra
-    return [tool("ansible-playbook"), "playbooks/deploy-pd.yml", "-i", inventory,
+    return [tool("ansible-playbook"), "playbooks/deploy_pd.yml", "-i", inventory,
             "-e", "pd_render_only=true"] + out + extra
 
 
@@ -341,7 +340,7 @@ def main(argv=None):
     parser.add_argument("--profile-top", type=int, default=25, help="profile_tasks lines to show (25)")
     parser.add_argument("--timeout", type=float, default=3600, help="seconds one command may take (3600)")
     parser.add_argument("--ops", action="store_true",
-                        help="also time playbooks/capacity-report.yml and playbooks/monitoring.yml against validate")
+                        help="also time playbooks/capacity_report.yml and playbooks/monitoring.yml against validate")
     parser.add_argument("--keep", metavar="DIR", help="write inventories and builds under DIR and keep them")
     args = parser.parse_args(argv)
     if args.quick:

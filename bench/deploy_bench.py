@@ -107,7 +107,7 @@ def main(argv=None):
     workdir = tempfile.mkdtemp(prefix="pd-deploy-bench-")
     try:
         inventory = delayed_inventory(args.delay, workdir)
-        play = [os.path.join(BIN, "ansible-playbook"), "playbooks/deploy-pd.yml", "-i", inventory,
+        play = [os.path.join(BIN, "ansible-playbook"), "playbooks/deploy_pd.yml", "-i", inventory,
                 "-e", f"pd_plan_build_dir={workdir}/build", "-e", "pd_container_health_delay=1"]
         ping = [os.path.join(BIN, "ansible"), "pd_clusters", "-m", "ansible.builtin.ping", "-i", inventory]
         t_ping, _ = sh(ping, env)
@@ -119,7 +119,7 @@ def main(argv=None):
         after = containers()
         # the timed no-op above runs without the callback; a second one is profiled (same state: no-op)
         noop_profiled = sh(play, first_env)[1] if args.profile else None
-        sh([os.path.join(BIN, "ansible-playbook"), "playbooks/stop-pd.yml", "-i", inventory,
+        sh([os.path.join(BIN, "ansible-playbook"), "playbooks/stop_pd.yml", "-i", inventory,
             "-e", "pd_stop_confirm=yes"], env)
         t_par, _ = sh(play + ["-e", "pd_parallel_clusters=true"], env)
     finally:

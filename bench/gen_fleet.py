@@ -10,7 +10,7 @@ The inventory follows the project's model (docs/design.md "Inventory model"):
 Every host is this machine: ``ansible_connection: local`` with ``ansible_python_interpreter`` set to
 the running Python, so nothing is ever reached over SSH. Each host gets its own address string
 127.<c//256>.<c%256>.<h+1>; a render-only or validate run never connects to it, it only keeps the
-fleet-wide port check (pd_deploy.fleet.port_collisions) quiet, as on a real fleet.
+fleet-wide port check (plugin_utils.fleet.port_collisions) quiet, as on a real fleet.
 
     python bench/gen_fleet.py --clusters 4 --prefill-hosts 2 --decode-hosts 2 /tmp/fleet16
 """

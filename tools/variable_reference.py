@@ -3,14 +3,18 @@
 
 Sources (the page is never edited by hand):
 
-- pd_deploy/data/variables.yml: playbook switches and variables shared by several roles;
-- schemas/host.schema.json and the ``host`` defaults of pd_deploy/data/defaults.yml: host variables;
-- schemas/cluster.schema.json and pd_deploy/data/defaults.yml: every key of ``pd_cluster``, with its
+- plugins/plugin_utils/data/variables.yml: playbook switches and variables shared by several roles;
+- plugins/plugin_utils/schemas/host.schema.json and the ``host`` defaults of plugins/plugin_utils/data/defaults.yml: host variables;
+- plugins/plugin_utils/schemas/cluster.schema.json and plugins/plugin_utils/data/defaults.yml: every key of ``pd_cluster``, with its
   default (``prefill.*`` / ``decode.*``: ``role_common`` merged with the role's own defaults);
 - roles/*/meta/argument_specs.yml: each role's public variables, per entry point.
 
+It also writes plugins/plugin_utils/data/role_variables.yml: the names of every role's public variables
+(defaults/main.yml and meta/argument_specs.yml), which validation accepts on a host. The core reads that
+file, never roles/ at run time.
+
 Usage: python tools/variable_reference.py [--check] [--out docs/reference/variables.md]
-``--check`` writes nothing and exits 1 when the page differs from what the sources give (CI: `make
+``--check`` writes nothing and exits 1 when the page (or role_variables.yml) differs from what the sources give (CI: `make
 unit` runs it through tests/unit/test_variable_reference.py); without it the page is (re)written.
 """
 
@@ -25,6 +29,7 @@ import yaml
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OUT = os.path.join("docs", "reference", "variables.md")
+ROLE_VARIABLES = os.path.join("plugins", "plugin_utils", "data", "role_variables.yml")
 ROLES = ("prefill", "decode")
 
 
@@ -128,18 +133,18 @@ def table(header, rows):
 
 
 def switches_section():
-    data = _load_yaml("pd_deploy", "data", "variables.yml")["variables"]
+    data = _load_yaml("plugins", "plugin_utils", "data", "variables.yml")["variables"]
     rows = [(f"`{name}`", shown(spec["default"]) if "default" in spec else "", spec.get("description", ""))
             for name, spec in data.items()]
     return ("## Playbook switches and shared variables\n\n"
-            "From `pd_deploy/data/variables.yml`: given with `-e` to one run, or set in the inventory where the\n"
+            "From `plugins/plugin_utils/data/variables.yml`: given with `-e` to one run, or set in the inventory where the\n"
             "description says so. Any other `pd_*` variable on a cluster host is refused by validation.\n\n"
             + table(("variable", "default", "what it does"), rows))
 
 
 def host_section():
-    schema = _load_json("schemas", "host.schema.json")
-    host_defaults = _load_yaml("pd_deploy", "data", "defaults.yml")["host"]
+    schema = _load_json("plugins", "plugin_utils", "schemas", "host.schema.json")
+    host_defaults = _load_yaml("plugins", "plugin_utils", "data", "defaults.yml")["host"]
     defaults = {}
     for key, value in host_defaults.items():
         name = f"pd_{key}" if f"pd_{key}" in schema["properties"] else f"pd_host_{key}"
@@ -147,25 +152,25 @@ def host_section():
     rows = [(f"`{path}`", kind, default or ("(none: required)" if "required" in note else ""), note)
             for path, kind, default, note in schema_rows(schema, schema.get("$defs", {}), defaults, "")]
     return ("## Host variables\n\n"
-            "From `schemas/host.schema.json`, defaults from `pd_deploy/data/defaults.yml` (`host`). Set in\n"
+            "From `plugins/plugin_utils/schemas/host.schema.json`, defaults from `plugins/plugin_utils/data/defaults.yml` (`host`). Set in\n"
             "`host_vars/<host>.yml` or `hosts.yml`; `ansible_host` is the address when `pd_host_address` is unset.\n\n"
             + table(("variable", "type", "default", "notes"), rows))
 
 
 def cluster_section():
-    schema = _load_json("schemas", "cluster.schema.json")
+    schema = _load_json("plugins", "plugin_utils", "schemas", "cluster.schema.json")
     defs = schema.get("$defs", {})
-    data = _load_yaml("pd_deploy", "data", "defaults.yml")
+    data = _load_yaml("plugins", "plugin_utils", "data", "defaults.yml")
     defaults = dict(data["cluster"])
     for role in ROLES:
         defaults[role] = _merge(data["role_common"], data[role])
     rows = [(f"`pd_cluster.{path}`", kind, default, note)
             for path, kind, default, note in schema_rows(schema, defs, defaults, "", schema.get("required", ()))]
     return ("## Cluster settings: `pd_cluster`\n\n"
-            "One mapping per cluster in `group_vars/<cluster>.yml`, shape from `schemas/cluster.schema.json`,\n"
-            "defaults from `pd_deploy/data/defaults.yml` (deep-merged: state only what differs; `prefill.*` and\n"
+            "One mapping per cluster in `group_vars/<cluster>.yml`, shape from `plugins/plugin_utils/schemas/cluster.schema.json`,\n"
+            "defaults from `plugins/plugin_utils/data/defaults.yml` (deep-merged: state only what differs; `prefill.*` and\n"
             "`decode.*` are `role_common` merged with the role's own values). A null recipe item takes the model\n"
-            "family's value (`pd_deploy/data/models.yml`). Sizes: an integer byte count or a number and a binary\n"
+            "family's value (`plugins/plugin_utils/data/models.yml`). Sizes: an integer byte count or a number and a binary\n"
             "unit (`200GiB`); `200G` / `200GB` are refused.\n\n"
             + table(("key", "type", "default", "notes"), rows))
 
@@ -204,6 +209,34 @@ def role_sections():
             "in `group_vars` or with `-e`.\n\n" + "\n\n".join(out))
 
 
+def role_variables(roles_dir=os.path.join(REPO, "roles")):
+    """{role: sorted names} of each role's defaults/main.yml keys and meta/argument_specs.yml options."""
+    out = {}
+    for role in sorted(os.listdir(roles_dir)):
+        names = set()
+        defaults = os.path.join(roles_dir, role, "defaults", "main.yml")
+        specs = os.path.join(roles_dir, role, "meta", "argument_specs.yml")
+        if os.path.isfile(defaults):
+            with open(defaults, encoding="utf-8") as handle:
+                names.update((yaml.safe_load(handle) or {}).keys())
+        if os.path.isfile(specs):
+            with open(specs, encoding="utf-8") as handle:
+                for entry in ((yaml.safe_load(handle) or {}).get("argument_specs") or {}).values():
+                    names.update((entry.get("options") or {}).keys())
+        if names:
+            out[role] = sorted(names)
+    return out
+
+
+def role_variables_text():
+    """plugins/plugin_utils/data/role_variables.yml as `make docs` writes it."""
+    return ("---\n# Generated by tools/variable_reference.py (make docs) from roles/*/defaults/main.yml and\n"
+            "# roles/*/meta/argument_specs.yml; do not edit. Validation accepts these pd_* names on a host\n"
+            "# (plugin_utils.validate.inventory.role_defaults); tests/unit/test_variable_reference.py fails when stale.\n"
+            + "roles:\n" + "".join(f"  {role}:\n" + "".join(f"    - {name}\n" for name in names)
+                                   for role, names in role_variables().items()))
+
+
 def render():
     parts = [
         "# Variable reference",
@@ -219,29 +252,34 @@ def render():
     return "\n\n".join(parts) + "\n"
 
 
+def _sync(path, text, check):
+    """0 when ``path`` holds ``text``; else 1 with --check, or write it and return 0."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            current = handle.read()
+    except FileNotFoundError:
+        current = None
+    if current == text:
+        return 0
+    if check:
+        print(f"{os.path.relpath(path, REPO)} is stale: run `make docs` (tools/variable_reference.py) "
+              "and commit the result", file=sys.stderr)
+        return 1
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w", encoding="utf-8") as handle:
+        handle.write(text)
+    print(f"wrote {os.path.relpath(path, REPO)}")
+    return 0
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="exit 1 when the page is stale; write nothing")
     parser.add_argument("--out", default=os.path.join(REPO, OUT))
     args = parser.parse_args(argv)
-    text = render()
-    try:
-        with open(args.out, encoding="utf-8") as handle:
-            current = handle.read()
-    except FileNotFoundError:
-        current = None
-    if args.check:
-        if current != text:
-            print(f"{os.path.relpath(args.out, REPO)} is stale: run `make docs` (tools/variable_reference.py) "
-                  "and commit the result", file=sys.stderr)
-            return 1
-        return 0
-    if current != text:
-        os.makedirs(os.path.dirname(args.out), exist_ok=True)
-        with open(args.out, "w", encoding="utf-8") as handle:
-            handle.write(text)
-        print(f"wrote {os.path.relpath(args.out, REPO)}")
-    return 0
+    page = _sync(args.out, render(), args.check)
+    data = _sync(os.path.join(REPO, ROLE_VARIABLES), role_variables_text(), args.check)
+    return max(page, data)
 
 
 if __name__ == "__main__":

@@ -1,11 +1,10 @@
 """bench/gen_fleet.py writes an inventory that the project's planner accepts without an error.
 
-The fleet dict handed to pd_deploy.fleet.plan_fleet is rebuilt here from the generated YAML files
+The fleet dict handed to plugin_utils.fleet.plan_fleet is rebuilt here from the generated YAML files
 (hosts.yml, group_vars/, host_vars/), the way Ansible would merge them, so the test checks the files
 on disk rather than the generator's own data.
 """
 
-import importlib.util
 import os
 import subprocess
 import sys
@@ -13,19 +12,12 @@ import sys
 import pytest
 import yaml
 
-from pd_deploy.plan import fleet
+from ansible_collections.pd.deploy.plugins.plugin_utils.plan import fleet
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def _load_gen_fleet():
-    spec = importlib.util.spec_from_file_location("gen_fleet", os.path.join(ROOT, "bench", "gen_fleet.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-gen_fleet = _load_gen_fleet()
+from bench import gen_fleet  # noqa: E402  (bench/ is a plain folder of the checkout, pythonpath ".")
 
 
 def _read(path):
@@ -45,7 +37,7 @@ def _walk(name, group, parents, out, order):
 
 
 def fleet_from_files(directory):
-    """The plain {"hosts": [{name, groups, vars}]} fleet of pd_deploy.fleet from the inventory files."""
+    """The plain {"hosts": [{name, groups, vars}]} fleet of plugin_utils.fleet from the inventory files."""
     inventory = _read(os.path.join(directory, "hosts.yml"))
     groups, order = {}, []
     _walk("all", inventory["all"], [], groups, order)

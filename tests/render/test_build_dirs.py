@@ -39,7 +39,7 @@ def _inventory(path, drop_cluster=None):
 
 
 def _render(path, home, *extra):
-    run = run_playbooks({"r": ["playbooks/deploy-pd.yml", "-i", str(path), "-e", "pd_render_only=true", *extra]},
+    run = run_playbooks({"r": ["playbooks/deploy_pd.yml", "-i", str(path), "-e", "pd_render_only=true", *extra]},
                         home)["r"]
     assert run.rc == 0, str(run)
     assert_no_traceback(run)

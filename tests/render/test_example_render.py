@@ -24,7 +24,7 @@ def rendered(tmp_path_factory, ansible_home):
     root = tmp_path_factory.mktemp("render")
     dirs = {inv: root / inv for inv in ("example", "local")}
     runs = run_playbooks({
-        inv: ["playbooks/deploy-pd.yml", "-i", f"inventories/{inv}", "-e", "pd_render_only=true",
+        inv: ["playbooks/deploy_pd.yml", "-i", f"inventories/{inv}", "-e", "pd_render_only=true",
               "-e", f"pd_plan_build_dir={path}"]
         for inv, path in dirs.items()}, ansible_home)
     return {inv: (runs[inv], dirs[inv]) for inv in dirs}

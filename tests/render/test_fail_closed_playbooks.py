@@ -36,15 +36,15 @@ def runs(tmp_path_factory, ansible_home):
     jobs = {
         "missing_path": ["playbooks/validate.yml", "-i", str(work / "no-such-dir")],
         "no_cluster_validate": ["playbooks/validate.yml", "-i", str(no_cluster)],
-        "no_cluster_deploy": ["playbooks/deploy-pd.yml", "-i", str(no_cluster)],
-        "local_deploy": ["playbooks/deploy-pd.yml", "-e", f"pd_plan_build_dir={build}/local"],
-        "local_render": ["playbooks/deploy-pd.yml", "-e", "pd_render_only=true", "-e", f"pd_plan_build_dir={build}/r"],
+        "no_cluster_deploy": ["playbooks/deploy_pd.yml", "-i", str(no_cluster)],
+        "local_deploy": ["playbooks/deploy_pd.yml", "-e", f"pd_plan_build_dir={build}/local"],
+        "local_render": ["playbooks/deploy_pd.yml", "-e", "pd_render_only=true", "-e", f"pd_plan_build_dir={build}/r"],
         "broken_yaml": ["playbooks/validate.yml", "-i", str(broken_yaml), "-e", f"pd_plan_build_dir={build}/y"],
-        "typo_switch": ["playbooks/deploy-pd.yml", "-i", EXAMPLE, "-e", "pd_render_onyl=true",
+        "typo_switch": ["playbooks/deploy_pd.yml", "-i", EXAMPLE, "-e", "pd_render_onyl=true",
                         "-e", f"pd_plan_build_dir={build}/t"],
         "three": ["playbooks/validate.yml", "-i", str(three), "-e", f"pd_plan_build_dir={build}/3"],
         "local_validate": ["validate.yml", "-e", f"pd_plan_build_dir={build}/v"],
-        "bad_batch": ["playbooks/deploy-pd.yml", "-i", EXAMPLE, "-e", "pd_cluster_batch=0",
+        "bad_batch": ["playbooks/deploy_pd.yml", "-i", EXAMPLE, "-e", "pd_cluster_batch=0",
                       "-e", f"pd_plan_build_dir={build}/b"],
     }
     return run_playbooks(jobs, ansible_home), build

@@ -37,11 +37,11 @@ def runs(tmp_path_factory, ansible_home):
     wrong = root / "wrong-pass.txt"
     wrong.write_text("not-the-password\n")
     out = run_playbooks({
-        "render": ["playbooks/deploy-pd.yml", "-i", str(inv), "-e", "pd_render_only=true", "-vv",
+        "render": ["playbooks/deploy_pd.yml", "-i", str(inv), "-e", "pd_render_only=true", "-vv",
                    "-e", f"pd_plan_build_dir={root / 'build'}", *vault],
         "no_password": ["playbooks/validate.yml", "-i", str(inv)],
         "wrong_password": ["playbooks/validate.yml", "-i", str(inv), "--vault-password-file", str(wrong)],
-        "capacity": ["playbooks/capacity-report.yml", "-i", str(inv), "-e", f"pd_ops_reports_dir={root / 'reports'}",
+        "capacity": ["playbooks/capacity_report.yml", "-i", str(inv), "-e", f"pd_ops_reports_dir={root / 'reports'}",
                      "-e", f"pd_plan_build_dir={root / 'build-capacity'}", *vault],
     }, ansible_home)
     return root, out

@@ -140,7 +140,7 @@ def runs(tmp_path_factory, ansible_home):
         jobs[key] = ["playbooks/validate.yml", "-i", str(inv), "-e", f"pd_plan_build_dir={builds[key]}"]
         if key == DEPLOY_CASE:
             builds["deploy"] = work / "deploy-build"
-            jobs["deploy"] = ["playbooks/deploy-pd.yml", "-i", str(inv), "-e", "pd_render_only=true",
+            jobs["deploy"] = ["playbooks/deploy_pd.yml", "-i", str(inv), "-e", "pd_render_only=true",
                               "-e", f"pd_plan_build_dir={builds['deploy']}"]
     results = run_playbooks(jobs, ansible_home)
     return {key: (results[key], builds[key]) for key in jobs}

@@ -1,4 +1,4 @@
-"""capacity-report.yml and monitoring.yml are controller work: computed once, written once.
+"""capacity_report.yml and monitoring.yml are controller work: computed once, written once.
 
 A 24-host fleet took 22 s for capacity-report against 3 s for validate: a set_fact, stat, file and
 three copy tasks looped over the clusters, each copy a module run on the controller (about 0.7 s).
@@ -23,7 +23,7 @@ def _tasks(playbook):
     return [t for play in plays for t in play.get("tasks", [])]
 
 
-@pytest.mark.parametrize("playbook", ["capacity-report.yml", "monitoring.yml"])
+@pytest.mark.parametrize("playbook", ["capacity_report.yml", "monitoring.yml"])
 def test_controller_playbook_runs_no_module_and_no_loop(playbook):
     tasks = _tasks(playbook)
     assert tasks

@@ -1,9 +1,10 @@
 """docs/design.md and docs/development.md name only code that exists (issue 22: design.md named a
 function, ``model.launch_specs()``, that never did).
 
-Checked: every ``module.attribute`` of a pd_deploy module (``fleet.plan_fleet``,
-``pd_deploy.model.normalize``), every ``name()`` (a def or class of that name in the repository's
-Python), and every path into this repository (``pd_deploy/fleet.py``, ``roles/pd_plan/``).
+Checked: every ``module.attribute`` of a core module (``fleet.plan_fleet``,
+``plugin_utils.plan.model.normalize``: the core is the collection's plugins/plugin_utils/), every ``name()``
+(a def or class of that name in the repository's Python), and every path into this repository
+(``plugins/plugin_utils/plan/fleet.py``, ``roles/pd_plan/``).
 """
 
 import importlib
@@ -13,21 +14,21 @@ import re
 
 import pytest
 
-import pd_deploy
+from ansible_collections.pd.deploy.plugins import plugin_utils
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PAGES = ("docs/design.md", "docs/development.md")
-TOP = ("pd_deploy", "library", "module_utils", "filter_plugins", "action_plugins", "vars_plugins", "roles",
-       "playbooks", "schemas", "tools", "tests", "bench", "molecule", "docs", "inventories", "collection")
-# every module by its dotted path under pd_deploy ("plan.fleet") and, where the last part is unique, by
-# that part alone ("fleet"); a name written with the package ("pd_deploy.plan.fleet.x") must be the full path
-_ALL = [m.name.split(".", 1)[1] for m in pkgutil.walk_packages(pd_deploy.__path__, "pd_deploy.")]
+TOP = ("plugins", "roles", "playbooks", "tools", "tests", "bench", "molecule", "docs", "inventories", "collections")
+PACKAGE = "ansible_collections.pd.deploy.plugins.plugin_utils"
+# every module by its dotted path under plugin_utils ("plan.fleet") and, where the last part is unique, by
+# that part alone ("fleet"); a name written with the package ("plugin_utils.plan.fleet.x") must be the full path
+_ALL = [m.name[len(PACKAGE) + 1:] for m in pkgutil.walk_packages(plugin_utils.__path__, PACKAGE + ".")]
 _LAST = [name.rsplit(".", 1)[-1] for name in _ALL]
-MODULES = {name: "pd_deploy." + name for name in _ALL}
-SHORT = {last: "pd_deploy." + name for name, last in zip(_ALL, _LAST) if _LAST.count(last) == 1 and last not in MODULES}
+MODULES = {name: PACKAGE + "." + name for name in _ALL}
+SHORT = {last: PACKAGE + "." + name for name, last in zip(_ALL, _LAST) if _LAST.count(last) == 1 and last not in MODULES}
 # a repo path: starts with a top folder, not inside an upstream path (vllm_ascend/..., vllm-project/x:docs/...)
 PATH = re.compile(r"(?<![\w./:-])((?:%s)/[\w./-]*[\w/])" % "|".join(TOP))
-ATTR = re.compile(r"(?<![\w.])(pd_deploy\.)?((?:[a-z_]+\.)*[a-z_]+)\.([A-Za-z_]\w*)")
+ATTR = re.compile(r"(?<![\w.])(plugin_utils\.)?((?:[a-z_]+\.)*[a-z_]+)\.([A-Za-z_]\w*)")
 CALL = re.compile(r"(?<![\w.])([A-Za-z_]\w*)\(\)")
 
 
@@ -60,11 +61,11 @@ def test_named_module_attributes_exist(page):
         if attr in ("py", "yml", "md", "json"):
             continue
         where = f"{page}:{_line(text, match.start())}: {match.group(0)}"
-        if module == "pd_deploy":  # pd_deploy.<module or package>
-            if attr not in MODULES and not hasattr(pd_deploy, attr):
-                missing.append(where + " (no such module under pd_deploy)")
+        if module == "plugin_utils":  # plugin_utils.<module or package>
+            if attr not in MODULES and not hasattr(plugin_utils, attr):
+                missing.append(where + " (no such module under plugins/plugin_utils)")
         elif full and module not in MODULES:  # written with the package: the full path, not a short name
-            missing.append(where + " (no such module under pd_deploy)")
+            missing.append(where + " (no such module under plugins/plugin_utils)")
         elif (MODULES.get(module) or SHORT.get(module)) and not hasattr(
                 importlib.import_module(MODULES.get(module) or SHORT[module]), attr):
             missing.append(where)
@@ -90,10 +91,10 @@ def test_named_paths_exist(page):
 def test_the_checks_catch_what_they_look_for():
     assert ATTR.search("`model.launch_specs()`").groups() == (None, "model", "launch_specs")
     assert not hasattr(importlib.import_module(SHORT["model"]), "launch_specs")
-    assert ATTR.search("pd_deploy.plan.fleet.plan_fleet").groups() == ("pd_deploy.", "plan.fleet", "plan_fleet")
-    assert ATTR.search("pd_deploy.fleet.plan_fleet").groups() == ("pd_deploy.", "fleet", "plan_fleet")
-    assert "fleet" not in MODULES and SHORT["fleet"] == "pd_deploy.plan.fleet"
+    assert ATTR.search("plugin_utils.plan.fleet.plan_fleet").groups() == ("plugin_utils.", "plan.fleet", "plan_fleet")
+    assert ATTR.search("plugin_utils.fleet.plan_fleet").groups() == ("plugin_utils.", "fleet", "plan_fleet")
+    assert "fleet" not in MODULES and SHORT["fleet"] == PACKAGE + ".plan.fleet"
     assert CALL.search("see launch_specs() here").group(1) == "launch_specs"
-    assert PATH.search("in pd_deploy/fleet.py, and").group(1) == "pd_deploy/fleet.py"
+    assert PATH.search("in plugins/plugin_utils/fleet.py, and").group(1) == "plugins/plugin_utils/fleet.py"
     assert not PATH.search("vllm_ascend/models/deepseek_v4/model.py")
     assert not PATH.search("vllm-project/vllm main:docs/source/x.md")

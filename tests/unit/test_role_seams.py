@@ -1,6 +1,6 @@
 """Roles with declared seams (issue 22, item 5).
 
-- the Docker socket has one default (pd_deploy/data/variables.yml), which the plan carries to every role
+- the Docker socket has one default (plugins/plugin_utils/data/variables.yml), which the plan carries to every role
   and playbook as ``hosts.<host>.docker_socket``; no second literal;
 - one build-dir variable: pd_plan_build_dir, whose default (pd_plan's defaults and argument spec) is the
   only place the build directory is spelled out; everything else reads hostvars['localhost'].pd_plan_build_dir;
@@ -20,11 +20,11 @@ import re
 import pytest
 import yaml
 
-from pd_deploy.plan import fleet
-from pd_deploy.rollout import order
-from pd_deploy.shared.errors import PdError
-from pd_deploy.validate import inventory
-from test_fleet import example_fleet
+from ansible_collections.pd.deploy.plugins.plugin_utils.plan import fleet
+from ansible_collections.pd.deploy.plugins.plugin_utils.rollout import order
+from ansible_collections.pd.deploy.plugins.plugin_utils.shared.errors import PdError
+from ansible_collections.pd.deploy.plugins.plugin_utils.validate import inventory
+from tests.unit.plugins.plugin_utils.plan.test_fleet import example_fleet
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 ROLES = sorted(os.path.basename(p) for p in glob.glob(os.path.join(REPO, "roles", "*")) if os.path.isdir(p))
@@ -50,17 +50,17 @@ def _rel(path):
 #: Ansible content: roles, playbooks, the entry playbooks at the top.
 ANSIBLE = ("roles/**/*.yml", "playbooks/**/*.yml", "*.yml")
 #: Controller code that could hold a default of its own.
-PYTHON = ("pd_deploy/**/*.py", "filter_plugins/*.py", "action_plugins/*.py", "vars_plugins/*.py", "tools/*.py")
+PYTHON = ("plugins/plugin_utils/**/*.py", "plugins/filter/*.py", "plugins/action/*.py", "plugins/vars/*.py", "tools/*.py")
 
 
 # ---- the Docker socket --------------------------------------------------------------------------
 
 def test_the_docker_socket_default_is_written_once():
-    """Modules (library/, module_utils/) keep their documented option default for direct use: every role
+    """Modules (plugins/modules/, plugins/module_utils/) keep their documented option default for direct use: every role
     and playbook passes docker_socket from the plan. Everywhere else the literal is the one default's."""
-    found = [(_rel(p), n) for p in _files(*ANSIBLE, *PYTHON, "pd_deploy/data/*.yml")
+    found = [(_rel(p), n) for p in _files(*ANSIBLE, *PYTHON, "plugins/plugin_utils/data/*.yml")
              for n, line in enumerate(_read(p).splitlines(), 1) if SOCKET in line]
-    assert [path for path, _ in found] == ["pd_deploy/data/variables.yml"], found
+    assert [path for path, _ in found] == ["plugins/plugin_utils/data/variables.yml"], found
     assert inventory.shared_default("pd_docker_socket") == SOCKET
 
 
@@ -89,7 +89,7 @@ def test_every_call_of_a_docker_module_passes_the_socket():
     missing, calls = [], 0
     for path in _files("roles/*/tasks/*.yml", "playbooks/*.yml"):
         for task in _tasks(yaml.safe_load(_read(path))):
-            for module in DOCKER_MODULES:
+            for module in (key for name in DOCKER_MODULES for key in (name, f"pd.deploy.{name}")):
                 if module in task:
                     calls += 1
                     if "docker_socket" not in (task[module] or {}):
@@ -132,8 +132,8 @@ def test_the_plan_publishes_the_build_directory_and_every_output_dir_reads_it():
     published = [t["ansible.builtin.set_fact"] for t in tasks if "ansible.builtin.set_fact" in t]
     assert published and "pd_plan_build_dir" in published[0] and published[0].get("pd_plan_fleet")
     readers = {_rel(p) for p in _files(*ANSIBLE) if "hostvars['localhost'].pd_plan_build_dir" in _read(p)}
-    for book in ("baseline", "capacity-report", "collect-logs", "deploy-pd", "health-check", "monitoring",
-                 "token-gate", "tune"):
+    for book in ("baseline", "capacity_report", "collect_logs", "deploy_pd", "health_check", "monitoring",
+                 "token_gate", "tune"):
         assert f"playbooks/{book}.yml" in readers, book
     assert "roles/pd_ops/defaults/main.yml" in readers
 
@@ -233,7 +233,7 @@ def role_calls():
             for key in ("ansible.builtin.include_role", "ansible.builtin.import_role", "include_role", "import_role"):
                 if key in task:
                     args = task[key]
-                    out.append((_rel(path), args["name"], args.get("tasks_from", "main"), task.get("vars") or {}))
+                    out.append((_rel(path), args["name"].removeprefix("pd.deploy."), args.get("tasks_from", "main"), task.get("vars") or {}))
     return out
 
 
@@ -243,7 +243,7 @@ def _specs(role):
 
 def test_every_entry_point_used_is_declared_and_called_with_its_options():
     calls = role_calls()
-    assert ("playbooks/collect-logs.yml", "pd_container", "read_logs") in [c[:3] for c in calls]
+    assert ("playbooks/collect_logs.yml", "pd_container", "read_logs") in [c[:3] for c in calls]
     problems = []
     for where, role, entry, passed in calls:
         specs = _specs(role)

@@ -37,7 +37,7 @@ def _flat(tasks):
 def test_the_rollout_imports_the_engine_and_proxy_roles_instead_of_including_them():
     roll = _flat(_tasks(ROLES / "pd_rollout/tasks/roll.yml"))
     imports = [t["ansible.builtin.import_role"]["name"] for t in roll if "ansible.builtin.import_role" in t]
-    assert imports == ["pd_engine", "pd_proxy"]
+    assert imports == ["pd.deploy.pd_engine", "pd.deploy.pd_proxy"]
     assert not [t for t in roll if "ansible.builtin.include_role" in t or "include_role" in t]
 
 
@@ -53,7 +53,7 @@ def test_the_engine_waves_are_a_role_variable_not_a_set_fact_task():
 def test_the_log_scan_is_one_read_and_one_verdict():
     scan = _tasks(ROLES / "pd_rollout/tasks/scan_logs.yml")
     keywords = {"name", "register", "when", "vars", "failed_when", "check_mode"}
-    assert [[k for k in t if k not in keywords] for t in scan] == [["pd_container_logs"], ["ansible.builtin.debug"]]
+    assert [[k for k in t if k not in keywords] for t in scan] == [["pd.deploy.pd_container_logs"], ["ansible.builtin.debug"]]
 
 
 def test_a_created_proxy_gets_no_backends_file_and_a_restarted_one_is_rewired():
@@ -96,8 +96,7 @@ def test_the_verdict_fails_on_failure_lines_warns_on_warning_lines_and_is_skippe
     (tmp_path / "play.yml").write_text(yaml.safe_dump(play))
     (tmp_path / "reads.json").write_text(json.dumps({"reads": read}))
     env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), ANSIBLE_LOAD_CALLBACK_PLUGINS="1",
-               ANSIBLE_STDOUT_CALLBACK="ansible.builtin.json", ANSIBLE_NOCOLOR="1",
-               ANSIBLE_FILTER_PLUGINS=str(REPO / "filter_plugins"))
+               ANSIBLE_STDOUT_CALLBACK="ansible.builtin.json", ANSIBLE_NOCOLOR="1")
     proc = subprocess.run([str(Path(sys.executable).parent / "ansible-playbook"), str(tmp_path / "play.yml"),
                            "-i", "failing,warning,clean", "-c", "local",
                            "-e", f"ansible_python_interpreter={sys.executable}", "-e", f"@{tmp_path / 'reads.json'}"],

@@ -178,7 +178,7 @@ class TestAscendRules:
         assert "Unsupported kv_role" in r.stderr
 
     # vLLM's EngineArgs raises NotImplementedError for concurrent partial prefill on the
-    # releases that have the flags (pd_deploy/data/versions.yml partial_prefills_over_max).
+    # releases that have the flags (plugins/plugin_utils/data/versions.yml partial_prefills_over_max).
     @pytest.mark.parametrize("flag", ["--max-num-partial-prefills", "--max-long-partial-prefills"])
     def test_partial_prefills_above_one_are_refused(self, flag):
         r = run_engine(["serve", "/m", flag, "2"])

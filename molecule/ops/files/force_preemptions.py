@@ -2,7 +2,7 @@
 """TEST HELPER (molecule/ops): make a stand-in engine's preemption counter grow INSIDE a health check's
 window, i.e. between its first and its second GET /metrics.
 
-The health check (playbooks/health-check.yml) scrapes each rank twice, pd_ops_scrape_interval seconds
+The health check (playbooks/health_check.yml) scrapes each rank twice, pd_ops_scrape_interval seconds
 apart, and calls preemptions critical only when the counter grew between the two scrapes. The stand-in
 logs every request it serves (`"GET /metrics HTTP/1.1" 200`), so this helper reads the engine's log
 through the Docker Engine API (unix socket), waits for the first scrape after --after, then forces

@@ -1,0 +1,115 @@
+"""Action plugin: judge the fleet plan and write its reports, on the controller, in one task.
+
+pd_plan used to do this in five tasks (refuse the inventory, name it, show the violations, fail, write
+the files, show the capacity), each a worker process and about 0.2 s even when it only skipped; a no-op
+re-run paid them all. This does the same in-process, in the same order, with the same texts:
+
+1. an inventory that cannot be planned (no cluster; the embedded demo inventory where containers
+   would start) fails first, before anything is written (``plugin_utils.report.summary.inventory_problem``);
+   deploy-pd.yml's rollout batch size (pd_cluster_batch) is refused after step 3, before step 4;
+2. the inventory's name (``inventory_note``) comes with every other result;
+3. a plan that breaks a rule fails, nothing written: its msg the counts (Ansible 2.19 prints a failed
+   task's msg twice, as the old fail task's), every violation once in ``violations`` below it;
+4. else plan.json, the capacity summaries and (render-only) the launch specs are written with the code
+   of the pd_write_files action (same manifest, same removal of the last run's files), and the result
+   shows the capacity summary (``msg``) and the warnings, if any (``violations``).
+
+Documented in plugins/modules/pd_plan_check.py (ansible-doc reads a module's docs there).
+"""
+
+from ansible.errors import AnsibleActionFail
+from ansible.module_utils.parsing.convert_bool import boolean
+from ansible.plugins.action import ActionBase
+from ansible.utils.display import Display
+
+from ansible_collections.pd.deploy.plugins.action import pd_write_files
+from ansible_collections.pd.deploy.plugins.plugin_utils.report import summary as report
+from ansible_collections.pd.deploy.plugins.plugin_utils.rollout import order
+
+display = Display()
+_VALID = frozenset(("plan", "inventory", "cluster_hosts", "demo", "refuse_demo", "build_dir", "render_specs",
+                    "cluster_batch", "parallel_clusters"))
+
+
+def check(plan, inventory, cluster_hosts, demo=False, refuse_demo=False, build_dir="", render_specs=False,
+          write=None, cluster_batch=None, parallel_clusters=False):
+    """The task's result: {failed, msg[, inventory, violations]} or {msg (the capacity lines), inventory,
+    changed, written, removed[, violations (the warnings)][, owner_was]}.
+
+    ``write(files, root, owner)`` -> (changed, removed, previous owner) is pd_write_files' sync_files;
+    with an empty ``build_dir`` nothing is written (pd_plan_write_reports: false). ``cluster_batch``
+    (deploy-pd.yml's pd_cluster_batch; None: not given) is refused after the plan's own checks, before
+    anything is written and any host is probed.
+    """
+    problem = report.inventory_problem(inventory, cluster_hosts, demo, refuse_demo)
+    if problem:
+        return {"failed": True, "msg": problem}
+    note = report.inventory_note(inventory, cluster_hosts, demo)
+    if not isinstance(plan, dict) or not isinstance(plan.get("messages"), list) or "clusters" not in plan:
+        return {"failed": True, "inventory": note,
+                "msg": "pd_plan_check: plan: expected the fleet plan of pd_plan_from_hostvars (pd_plan_fleet)"}
+    if not plan.get("ok"):
+        # the counts as msg (Ansible prints a failed task's msg twice), every violation once below it
+        return {"failed": True, "inventory": note, "msg": report.plan_failure_message(plan),
+                "violations": report.plan_report(plan)}
+    batch = "" if cluster_batch is None else order.cluster_batch_problem(cluster_batch, parallel_clusters)
+    if batch:
+        return {"failed": True, "inventory": note, "msg": batch}
+    result = {"changed": False, "inventory": note, "written": 0, "removed": []}
+    if build_dir:
+        files = report.build_files(plan, build_dir, render_specs)
+        owner = ", ".join(str(s) for s in inventory or [])
+        changed, removed, old_owner = write(files, build_dir, owner)
+        if old_owner and owner and old_owner != owner:
+            result["owner_was"] = old_owner
+        result.update(changed=bool(changed or removed), written=len(changed), removed=removed)
+    if plan["messages"]:
+        # one block of text (printed unwrapped, a warning on one line), as the failure's
+        result["violations"] = report.plan_report(plan)
+    result["msg"] = report.capacity_lines(plan)
+    return result
+
+
+class ActionModule(ActionBase):
+    """``pd_plan_check: {plan, inventory, cluster_hosts, demo, refuse_demo, build_dir, render_specs,
+    cluster_batch, parallel_clusters}``."""
+
+    TRANSFERS_FILES = False
+    _VALID_ARGS = _VALID
+    _requires_connection = False
+    # controller files only: written under --check too (the review files of the plan)
+    _supports_check_mode = True
+
+    def run(self, tmp=None, task_vars=None):
+        result = super().run(tmp, task_vars)
+        args = self._task.args
+        for name in ("plan", "inventory", "cluster_hosts"):
+            if name not in args:
+                raise AnsibleActionFail(f"pd_plan_check: {name} is required (see plugins/modules/pd_plan_check.py)")
+        inventory = args["inventory"]
+        inventory = [inventory] if isinstance(inventory, str) else list(inventory or [])
+        try:
+            hosts = int(args["cluster_hosts"])
+            flags = {k: boolean(args.get(k, False), strict=True)
+                     for k in ("demo", "refuse_demo", "render_specs", "parallel_clusters")}
+        except (TypeError, ValueError) as exc:
+            raise AnsibleActionFail(f"pd_plan_check: {exc} — cluster_hosts is a number, demo, refuse_demo and "
+                                    "render_specs, parallel_clusters are booleans") from exc
+        build_dir = str(args.get("build_dir") or "")
+        try:
+            out = check(args["plan"], inventory, hosts, flags["demo"], flags["refuse_demo"], build_dir,
+                        flags["render_specs"], write=pd_write_files.sync_files,
+                        cluster_batch=args.get("cluster_batch"), parallel_clusters=flags["parallel_clusters"])
+        except ValueError as exc:
+            raise AnsibleActionFail(f"pd_plan_check: build_dir: {exc} — write under build_dir") from exc
+        except OSError as exc:
+            raise AnsibleActionFail(f"pd_plan_check: {exc.filename}: {exc.strerror} — check the build directory "
+                                    "(pd_plan_build_dir)") from exc
+        old_owner = out.pop("owner_was", None)
+        if old_owner:  # pd_write_files' warning, word for word
+            display.warning(f"{build_dir} held the output of inventory {old_owner}; replaced by the output of "
+                            f"{', '.join(map(str, inventory))} (-e pd_plan_build_dir=<dir> keeps both)")
+        result.update(out)
+        # shown like debug's msg: the inventory checked, the capacity summary and the warnings
+        result["_ansible_verbose_always"] = True
+        return result

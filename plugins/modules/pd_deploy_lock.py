@@ -1,0 +1,143 @@
+#!/usr/bin/python
+"""A cluster's deploy lock: one JSON file on one host of the cluster, taken and given back atomically."""
+
+DOCUMENTATION = r"""
+module: pd_deploy_lock
+short_description: Take, check or give back a cluster's deploy lock on one of its hosts
+description:
+  - The lock is the file C(<dir>/<cluster>.lock) on the host the task runs on (deploy-pd.yml uses the
+    cluster's first host), created with O_EXCL so that two runs cannot both take it.
+  - Its content names the holder (controller, user, process id and start time, run id, start time of
+    the run). Use it through the action plugin of the same name, which fills in the holder and decides
+    whether a lock held by another run is live or stale; the module itself never breaks a lock unless
+    C(force) is set.
+options:
+  cluster:
+    description: Cluster name (the lock file's name).
+    type: str
+    required: true
+  dir:
+    description: Directory of the lock files on the host.
+    type: path
+    default: /var/lib/pd-deploy/locks
+  state:
+    description: C(acquired) takes the lock (or reports its holder), C(released) gives back a lock this
+      run holds, C(checked) only reports the holder.
+    type: str
+    choices: [acquired, released, checked]
+    default: acquired
+  holder:
+    description: This run ({run_id, controller, user, pid, pid_start, started}); set by the action plugin.
+    type: dict
+    required: true
+  lock_host:
+    description: The host the lock is on, for messages (read by the action plugin only).
+    type: str
+  break_lock:
+    description: Break a lock held by a run that is not alive on this controller (action plugin only;
+      default the variable C(pd_deploy_break_lock)).
+    type: bool
+  force:
+    description: Replace a lock held by another run (pd_deploy_break_lock); the old holder is returned.
+    type: bool
+    default: false
+author: pd-deploy maintainers (!UNKNOWN)
+"""
+
+EXAMPLES = r"""
+- name: Take the cluster's deploy lock
+  pd.deploy.pd_deploy_lock:
+    cluster: cluster_a
+"""
+
+RETURN = r"""
+acquired:
+  description: This run holds the lock now.
+  type: bool
+  returned: always
+holder:
+  description: The run that holds the lock (another run's when acquired is false), or null when free.
+  type: dict
+  returned: always
+broken:
+  description: The holder whose lock was replaced (force), else null.
+  type: dict
+  returned: always
+path:
+  description: The lock file.
+  type: str
+  returned: always
+"""
+
+import json
+import os
+
+from ansible.module_utils.basic import AnsibleModule
+
+
+def read_holder(path):
+    """The holder recorded in ``path``; {} for an unreadable or empty file (a run killed mid-write)."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            data = json.load(handle)
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def create(path, holder):
+    """Create the lock file with O_EXCL; False when it exists."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    except FileExistsError:
+        return False
+    with os.fdopen(fd, "w", encoding="utf-8") as handle:
+        json.dump(holder, handle, sort_keys=True)
+    return True
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec={
+            "cluster": {"type": "str", "required": True},
+            "dir": {"type": "path", "default": "/var/lib/pd-deploy/locks"},
+            "state": {"type": "str", "choices": ["acquired", "released", "checked"], "default": "acquired"},
+            "holder": {"type": "dict", "required": True},
+            "force": {"type": "bool", "default": False},
+        },
+        supports_check_mode=True,
+    )
+    p = module.params
+    cluster, mine = p["cluster"], p["holder"]
+    if not cluster or "/" in cluster or cluster.startswith("."):
+        module.fail_json(msg=f"cluster {cluster!r} is not a usable lock file name")
+    path = os.path.join(p["dir"], f"{cluster}.lock")
+    out = {"path": path, "acquired": False, "holder": None, "broken": None, "changed": False}
+    found = read_holder(path)
+    ours = found is not None and found.get("run_id") == mine.get("run_id")
+    if p["state"] == "checked" or module.check_mode:
+        module.exit_json(**dict(out, holder=found, acquired=ours))
+    if p["state"] == "released":
+        if ours:
+            os.unlink(path)
+            out["changed"] = True
+        module.exit_json(**dict(out, holder=None if ours else found))
+    if ours:
+        module.exit_json(**dict(out, acquired=True, holder=found))
+    try:
+        os.makedirs(p["dir"], mode=0o755, exist_ok=True)
+        if found is not None and p["force"]:
+            os.unlink(path)
+            out["broken"] = found
+        if create(path, mine):
+            module.exit_json(**dict(out, acquired=True, holder=mine, changed=True))
+    except OSError as exc:
+        module.fail_json(msg=f"cannot write the deploy lock {path}: {exc} — check that {p['dir']} is writable "
+                             "(pd_rollout_lock_dir)", path=path)
+    module.exit_json(**dict(out, holder=read_holder(path) or found or {}))
+
+
+if __name__ == "__main__":
+    main()
