@@ -15,7 +15,8 @@
 #   molecule destroy -s S                  always: no leftovers (--destroy=never also
 #                                          skips the sequence's own destroy step)
 # Each scenario's time by phase (Molecule's steps: create, prepare, converge, idempotence, verify, ...;
-# the image build as "images") goes to <logs>/<scenario>.phases and is printed below the summary.
+# the image build as "images") goes to <logs>/<scenario>.phases and is printed below the summary,
+# after each lane's wall time (the sum of its scenarios'), which is what the lanes are balanced by.
 #
 # Env:
 #   PD_ASCEND_ROOT   fake Ascend tree (default /var/lib/pd-test/ascend), mounted in the hosts
@@ -225,6 +226,18 @@ for s in "${scenarios[@]}"; do
   [[ "$res" == passed ]] || failed=1
   printf '[run-molecule]   %-24s %-8s %8ss  (started at +%ss; load at its end %s %s)\n' "$s" "$res" "$secs" \
     "${at:--}" "${l1:--}" "${l5:--}" >&2
+done
+# each lane's wall time (its scenarios one after the other): what PD_MOLECULE_LANES is balanced by
+for i in "${!lanes[@]}"; do
+  read -r -a members <<<"${lanes[$i]}"
+  ((${#members[@]})) || continue
+  lane_secs=0
+  for s in "${members[@]}"; do
+    { read -r _ secs _ <"$LOG_DIR/$s.result"; } 2>/dev/null || secs=0
+    [[ "$secs" =~ ^[0-9.]+$ ]] || secs=0
+    lane_secs=$(awk -v a="$lane_secs" -v b="$secs" 'BEGIN { printf "%.1f", a + b }')
+  done
+  printf '[run-molecule]   lane %d: %8ss  (%s)\n' "$((i + 1))" "$lane_secs" "${members[*]}" >&2
 done
 log "seconds by phase (from Molecule's step lines; <logs>/<scenario>.phases):"
 for s in "${scenarios[@]}"; do

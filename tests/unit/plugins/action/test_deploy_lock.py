@@ -6,6 +6,7 @@ import os
 import socket
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -99,14 +100,18 @@ def test_a_lock_left_by_a_gone_run_refuses_until_broken_explicitly(tmp_path):
     path = tmp_path / "cluster_a.lock"
     holder = json.loads(path.read_text())
     assert holder["controller"] == socket.gethostname() and holder["pid"] != os.getpid()
-    # that ansible process has ended without giving the lock back (as a killed deploy): stale
-    second = lock(tmp_path)
+    # that ansible process has ended without giving the lock back (as a killed deploy): stale. A run that
+    # takes it, and two checks (state=checked: a look without taking it), one asking to break it, at the
+    # same time (three ansible processes; none of them may write the lock)
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        second, checked, checked_break = pool.map(lambda a: lock(tmp_path, *a[0], **a[1]), [
+            ((), {}), ((), {"state": "checked"}), (("-e", "pd_deploy_break_lock=true"), {"state": "checked"})])
     assert second["failed"] and "the run was killed or lost its hosts" in second["msg"]
     assert f"ansible-playbook pid {holder['pid']}" in second["msg"] and "pd_deploy_break_lock=true" in second["msg"]
     assert json.loads(path.read_text()) == holder  # untouched
-    # a check (state=checked: a look without taking it) refuses the same way, and lets a run that asks to break it go on
-    assert lock(tmp_path, state="checked")["failed"]
-    assert not lock(tmp_path, "-e", "pd_deploy_break_lock=true", state="checked").get("failed")
+    # the check refuses the same way, and lets a run that asks to break it go on
+    assert checked["failed"]
+    assert not checked_break.get("failed")
     broke = lock(tmp_path, "-e", "pd_deploy_break_lock=true")
     assert broke["acquired"] and broke["broken"] == holder and "broke the deploy lock" in broke["msg"]
     assert json.loads(path.read_text())["pid"] != holder["pid"]
