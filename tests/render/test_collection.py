@@ -112,7 +112,9 @@ def test_top_level_entry_playbooks_import_the_playbooks_directory():
     for name in ("deploy-pd.yml", "validate.yml", "stop-pd.yml"):
         with open(os.path.join(REPO, name), encoding="utf-8") as handle:
             text = handle.read()
-        assert f"ansible.builtin.import_playbook: playbooks/{name}" in text, name
+        # the collection's playbook of that name: an identifier (pd.deploy.deploy_pd), so deploy_pd.yml
+        assert f"ansible.builtin.import_playbook: playbooks/{name.replace('-', '_')}" in text, name
+        assert os.path.isfile(os.path.join(REPO, "playbooks", name.replace("-", "_"))), name
 
 
 def test_every_filter_has_ansible_doc(installed, tmp_path):
