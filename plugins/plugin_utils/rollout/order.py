@@ -261,12 +261,12 @@ def lock_hosts(plan, play_hosts):
     return out
 
 
-def entry_options(specs, passed=()):
+def entry_options(specs, passed=None):
     """The options of the ``main`` entry points of several roles' argument specs (each the parsed
     meta/argument_specs.yml), in one dict, without the names in ``passed``: one argument check for a role
     and the roles it runs (roles/pd_rollout) instead of a check task per role and include. A name two
     roles declare differently is a mistake in the roles, not in an inventory: PdError names it."""
-    out, skip = {}, set(passed)
+    out, skip = {}, set(passed or ())
     for spec in specs:
         options = ((spec or {}).get("argument_specs") or {}).get("main", {}).get("options") or {}
         for name, option in options.items():
