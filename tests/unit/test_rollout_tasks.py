@@ -125,22 +125,26 @@ def test_the_roles_the_rollout_runs_skip_their_own_argument_check_and_pass_only_
             passed |= set(task.get("vars") or {}) & checked
             for key in ("ansible.builtin.import_role", "ansible.builtin.include_role"):
                 if key in task:
-                    runs.append((path.name, task[key]["name"], task[key].get("rolespec_validate")))
+                    runs.append((path.name, task[key]["name"].removeprefix("pd.deploy."), task[key].get("rolespec_validate")))
     assert {name for _, name, _ in runs} == {"pd_engine", "pd_proxy", "pd_container"}
     assert all(validate is False for _, _, validate in runs), runs
     variables = _tasks(ROLES / "pd_rollout/vars/main.yml")
     assert set(variables["_pd_rollout_passed_options"]) == passed
     assert variables["_pd_rollout_checked_roles"] == ["pd_rollout", "pd_engine", "pd_proxy", "pd_container"]
-    deploy = _flat(_tasks(REPO / "playbooks/deploy-pd.yml")[2]["tasks"])
-    assert deploy[0]["ansible.builtin.include_role"] == {"name": "pd_rollout", "rolespec_validate": False}
+    deploy = _flat(_tasks(REPO / "playbooks/deploy_pd.yml")[2]["tasks"])
+    assert deploy[0]["ansible.builtin.include_role"] == {"name": "pd.deploy.pd_rollout", "rolespec_validate": False}
     # the check is the rollout's first task, before the lock
     assert "check.yml" in str(_tasks(ROLES / "pd_rollout/tasks/main.yml")[0])
 
 
 @pytest.mark.ansible
 def test_the_rollouts_one_argument_check_refuses_a_bad_variable_of_each_role_it_runs(tmp_path):
+    # the roles' socket defaults read the plan's host entry (validate.yml publishes it on localhost)
+    plan = {"hosts": {"localhost": {"docker_socket": "/var/run/docker.sock"}}}
     play = [{"hosts": "localhost", "gather_facts": False, "tasks": [
-        {"ansible.builtin.include_role": {"name": "pd_rollout", "tasks_from": "check.yml", "rolespec_validate": False}}]}]
+        {"ansible.builtin.set_fact": {"pd_plan_fleet": plan}},
+        {"ansible.builtin.include_role": {"name": "pd.deploy.pd_rollout", "tasks_from": "check.yml",
+                                          "rolespec_validate": False}}]}]
     (tmp_path / "play.yml").write_text(yaml.safe_dump(play))
     env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), ANSIBLE_LOAD_CALLBACK_PLUGINS="1",
                ANSIBLE_STDOUT_CALLBACK="ansible.builtin.json", ANSIBLE_NOCOLOR="1")
@@ -149,7 +153,7 @@ def test_the_rollouts_one_argument_check_refuses_a_bad_variable_of_each_role_it_
         proc = subprocess.run([str(Path(sys.executable).parent / "ansible-playbook"), str(tmp_path / "play.yml"),
                                "-i", "localhost,", "-c", "local", "-e", f"ansible_python_interpreter={sys.executable}",
                                *extra], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
-        return json.loads(proc.stdout)["plays"][0]["tasks"][1]["hosts"]["localhost"]
+        return json.loads(proc.stdout)["plays"][0]["tasks"][2]["hosts"]["localhost"]
 
     assert not run().get("failed")
     bad = run("-e", "pd_container_pull=bogus", "-e", "pd_proxy_smoke_max_tokens=x", "-e", "pd_rollout_scan_lines=y",
