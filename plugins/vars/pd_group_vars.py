@@ -44,8 +44,20 @@ def _origin(exc):
     return None, None
 
 
+class _Undeclared:
+    """A class attribute that reads as absent (hasattr is False), hiding one the base class declares."""
+
+    def __get__(self, obj, owner):
+        raise AttributeError("REQUIRES_ENABLED")
+
+
 class VarsModule(_BuiltinVarsModule):
     """The built-in loader; only its error message changes."""
+
+    # The built-in plugin declares REQUIRES_ENABLED; a collection's vars plugin is loaded only when
+    # vars_plugins_enabled names it anyway, and ansible-core 2.19 (vars/plugins.py, get_vars_from_path)
+    # warns on every run of every playbook while a collection plugin has the attribute at all.
+    REQUIRES_ENABLED = _Undeclared()
 
     def get_vars(self, loader, path, entities, cache=True):
         try:

@@ -87,6 +87,14 @@ def test_a_yaml_error_in_group_vars_names_file_and_line(runs):
     assert re.search(rf"group_vars/cluster_b\.yml:{line}:\d+", flat(run)), str(run)
 
 
+def test_the_vars_plugin_loads_without_a_warning(runs):
+    # pd.deploy.pd_group_vars extends the built-in host_group_vars, whose REQUIRES_ENABLED made ansible-core
+    # warn on every run once the plugin came from the collection ("REQUIRES_ENABLED is not supported")
+    rendered = runs[0]["local_render"]
+    assert rendered.rc == 0, str(rendered)
+    assert "REQUIRES_ENABLED" not in rendered.output and "pd_group_vars" not in rendered.output, str(rendered)
+
+
 def test_a_mistyped_switch_is_refused_before_anything_runs(runs):
     # -e pd_render_onyl=true used to be ignored: the deploy went ahead for real
     run = runs[0]["typo_switch"]
