@@ -100,7 +100,7 @@ def _cluster(plan, cluster, gone, out):
             role_hosts = sorted({s["host"] for s in specs if s["role"] == role})
             out["problems"].append(
                 f"{cluster}: removing {', '.join(here)} would leave {role} with no instance (its "
-                f"{len(instances)} instance(s) run on {', '.join(role_hosts)}): keep one of these hosts, or add a "
+                f"{len(instances)} instance(s) run on {', '.join(role_hosts)}): keep the hosts of one of them, or add a "
                 f"{role} host, raise {role}.instances and deploy before removing them")
         for index in hit:
             ranks = [s for s in specs if s["role"] == role and s["instance"] == index]

@@ -29,8 +29,8 @@ def _member(name, cluster, role, raw, address):
 def _plan():
     """c: 2 prefill instances (p0, p1), 2 decode instances (d0, d1), one TP8 instance per host.
     s: 1 prefill instance (s-p0), 1 decode instance DP2 x TP8 spread over s-d0 and s-d1."""
-    c = _cluster("c", prefill={"instances": 2, "tp": 8}, decode={"instances": 2, "tp": 8})
-    s = _cluster("s", prefill={"tp": 8}, decode={"dp": 2, "tp": 8})
+    c = _cluster("c", prefill={"instances": 2, "dp": 1, "tp": 8}, decode={"instances": 2, "dp": 1, "tp": 8})
+    s = _cluster("s", prefill={"dp": 1, "tp": 8}, decode={"dp": 2, "tp": 8})
     plan = fleet.plan_fleet({"hosts": [
         _member("p0", "c", "prefill", c, "10.0.0.1"), _member("p1", "c", "prefill", c, "10.0.0.2"),
         _member("d0", "c", "decode", c, "10.0.0.3"), _member("d1", "c", "decode", c, "10.0.0.4"),
@@ -120,8 +120,8 @@ def test_unknown_and_missing_hosts_are_named():
 
 
 def test_hosts_of_two_clusters_are_planned_per_cluster():
-    c = _cluster("c2", prefill={"instances": 2, "tp": 8}, decode={"instances": 2, "tp": 8})
-    t = _cluster("t", prefill={"instances": 2, "tp": 8}, decode={"tp": 8}, proxy={"port": 9100})
+    c = _cluster("c2", prefill={"instances": 2, "dp": 1, "tp": 8}, decode={"instances": 2, "dp": 1, "tp": 8})
+    t = _cluster("t", prefill={"instances": 2, "dp": 1, "tp": 8}, decode={"dp": 1, "tp": 8})
     plan = fleet.plan_fleet({"hosts": [
         _member("p0", "c2", "prefill", c, "10.0.0.1"), _member("p1", "c2", "prefill", c, "10.0.0.2"),
         _member("d0", "c2", "decode", c, "10.0.0.3"), _member("d1", "c2", "decode", c, "10.0.0.4"),
