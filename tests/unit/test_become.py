@@ -19,7 +19,8 @@ KEYWORDS = {
     "check_mode", "diff", "throttle", "any_errors_fatal", "block", "rescue", "always", "with_items",
     "with_dict", "timeout", "module_defaults", "collections", "debugger",
 }
-#: what needs root on a host: the Docker socket (root:docker, 0660) and the lock file under /var/lib/pd-deploy
+#: what needs root on a host: the Docker socket (root:docker, 0660; its modules, or any task given the socket, such as a
+#: uri call with unix_socket) and the lock file under /var/lib/pd-deploy
 ROOT_MODULE_PREFIXES = ("community.docker.",)
 ROOT_MODULES = {"pd.deploy.pd_deploy_lock"}
 
@@ -61,7 +62,7 @@ def _needs_root(task):
     args = task.get(module)
     text = yaml.safe_dump(args) if args is not None else ""
     return (module.startswith(ROOT_MODULE_PREFIXES) or module in ROOT_MODULES
-            or "docker_socket" in text or "docker_host" in text)
+            or "docker_socket" in text or "docker_host" in text or "unix_socket" in text)
 
 
 def _on_controller(task):
