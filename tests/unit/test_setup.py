@@ -83,3 +83,40 @@ def test_changelog_is_antsibull_changelogs():
         assert f"v{version}".replace(".", "\\.") in text, f"CHANGELOG.md is stale: run antsibull-changelog generate ({version})"
     pins = (REPO / "requirements-dev.txt").read_text().splitlines()
     assert any(line.startswith("antsibull-changelog==") for line in pins)
+
+
+def _fake_venv_python(tmp_path, pip_rc):
+    """Python 3.11 whose `-m venv DIR` makes a pip that prints pip's kinds of lines and exits with pip_rc."""
+    fake = tmp_path / "python-fake"
+    fake.write_text(
+        "#!/bin/sh\n"
+        'if [ "$1" = "-c" ]; then echo 3.11; exit 0; fi\n'
+        'if [ "$1" = "-m" ] && [ "$2" = "venv" ]; then mkdir -p "$3/bin"; cat > "$3/bin/pip" <<PIP\n'
+        "#!/bin/sh\n"
+        "echo 'Collecting ansible==12.3.0'\n"
+        "echo '  Downloading ansible-12.3.0-py3-none-any.whl (51.6 MB)'\n"
+        "echo 'Installing collected packages: ansible'\n"
+        f"exit {pip_rc}\n"
+        "PIP\n"
+        'chmod +x "$3/bin/pip"; exit 0; fi\n'
+        "exit 1\n")
+    fake.chmod(0o755)
+    return fake
+
+
+def test_first_venv_says_what_it_does_and_shows_pips_progress(tmp_path):
+    venv = tmp_path / "venv"
+    out = _make(tmp_path, "venv", f"PYTHON={_fake_venv_python(tmp_path, 0)}", f"VENV={venv}")
+    assert out.returncode == 0, out.stderr
+    assert "installing requirements-dev.txt" in out.stdout and "2 to 3 minutes" in out.stdout
+    assert "Collecting ansible==12.3.0" in out.stdout
+    assert "Installing collected packages: ansible" in out.stdout
+    assert "Downloading" not in out.stdout  # one line per package, not per download
+    assert (venv / ".installed").exists()
+
+
+def test_a_failed_pip_fails_make_and_leaves_no_stamp(tmp_path):
+    venv = tmp_path / "venv"
+    out = _make(tmp_path, "venv", f"PYTHON={_fake_venv_python(tmp_path, 1)}", f"VENV={venv}")
+    assert out.returncode != 0
+    assert not (venv / ".installed").exists()
