@@ -14,17 +14,35 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv demo test lint unit molecule bench bench-deploy collection check-collection docs clean
+.PHONY: venv python-check demo test lint unit molecule bench bench-deploy collection check-collection docs clean
 
 venv: $(STAMP)
 
-$(STAMP): requirements.txt requirements-dev.txt
+# ansible-core 2.19 (requirements-dev.txt) needs Python 3.11 or later: an older one is refused here, before
+# pip spends minutes looking for a wheel that does not exist for it ("No matching distribution").
+PYTHON_MIN := 3.11
+python-check:
+	@v="$$($(PYTHON) -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null)"; \
+	if [[ -z "$$v" ]]; then \
+	  echo "make: '$(PYTHON)' does not run. pd-deploy needs Python >= $(PYTHON_MIN): install it, or name it: make $(or $(MAKECMDGOALS),venv) PYTHON=python3.11" >&2; exit 1; \
+	fi; \
+	if [[ "$$(printf '%s\n' "$(PYTHON_MIN)" "$$v" | sort -V | head -n1)" != "$(PYTHON_MIN)" ]]; then \
+	  echo "make: $(PYTHON) is Python $$v; pd-deploy needs Python >= $(PYTHON_MIN) (ansible-core 2.19). Install it and name it: make $(or $(MAKECMDGOALS),venv) PYTHON=python3.11" >&2; exit 1; \
+	fi; \
+	[[ -e "$(STAMP)" ]] || echo "make: $(PYTHON) is Python $$v (>= $(PYTHON_MIN))"
+
+# python-check first, on every run that needs the venv (a few milliseconds)
+$(STAMP): requirements.txt requirements-dev.txt | python-check
+	@echo "make: creating $(VENV) and installing requirements-dev.txt (ansible, the linters, Molecule): a first install downloads about 100 MB and takes 2 to 3 minutes; pip's lines follow"
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --disable-pip-version-check -r requirements-dev.txt
+	set -o pipefail; $(BIN)/pip install --disable-pip-version-check --progress-bar off -r requirements-dev.txt \
+	  | { grep --line-buffered -E '^(Collecting|Installing|Successfully)' || true; }
 	touch $(STAMP)
 
 demo: venv
+	@echo "make: rendering the embedded inventory (inventories/local): no host is touched"
 	$(BIN)/ansible-playbook deploy-pd.yml -e pd_render_only=true
+	@echo "make: rendering the example fleet (inventories/example)"
 	$(BIN)/ansible-playbook deploy-pd.yml -i inventories/example -e pd_render_only=true
 	@echo "Launch specs: build/local/render/<host>/*.json, build/example/render/<host>/*.json   Capacity: build/example/render/<cluster>/capacity.md"
 

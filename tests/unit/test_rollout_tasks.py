@@ -52,7 +52,7 @@ def test_the_engine_waves_are_a_role_variable_not_a_set_fact_task():
 
 def test_the_log_scan_is_one_read_and_one_verdict():
     scan = _tasks(ROLES / "pd_rollout/tasks/scan_logs.yml")
-    keywords = {"name", "register", "when", "vars", "failed_when", "check_mode"}
+    keywords = {"name", "register", "when", "vars", "failed_when", "check_mode", "become"}
     assert [[k for k in t if k not in keywords] for t in scan] == [["pd.deploy.pd_container_logs"], ["ansible.builtin.debug"]]
 
 

@@ -14,15 +14,17 @@ One module per step, each the plain functions behind the ``pd_*`` filters that
 - ``capacity_report``: ``capacity_report`` and ``capacity_chart_svg``;
 - ``monitoring``: ``prometheus_scrape_config`` and ``grafana_dashboard``;
 - ``common``: what the steps share (model family bands, the normalized cluster);
-- ``logparse``: vLLM's start-up KV cache lines read into bytes per token (the baseline step, the logparse filters).
+- ``logparse``: vLLM's start-up KV cache lines read into bytes per token (the baseline step, the logparse filters);
+- ``remove``: ``remove_hosts_plan`` says which instances removing hosts takes, or refuses it
+  (``playbooks/remove_hosts.yml``).
 
 Nothing here talks to a host; no module level mutable state. Bad input raises ``PdError``.
 """
 
-from . import baseline, capacity_report, common, diagnosis, gate, metrics, monitoring, tuning
+from . import baseline, capacity_report, common, diagnosis, gate, metrics, monitoring, remove, tuning
 
 #: The workflow's modules in the operator's order; each has its own FILTERS.
-STEPS = (common, metrics, diagnosis, gate, tuning, baseline, capacity_report, monitoring)
+STEPS = (common, metrics, diagnosis, gate, tuning, baseline, capacity_report, monitoring, remove)
 
 #: Every filter of the workflow (plugins/filter/pd.py registers this mapping).
 FILTERS = {name: func for step in STEPS for name, func in step.FILTERS.items()}
