@@ -220,12 +220,3 @@ def cluster_problems(plan, probes):
 def ping_request(targets):
     """The probe's ``hccn.ping`` option from one host's targets: ``[{device, address}]``."""
     return [{"device": t["device"], "address": t["address"]} for t in targets or []]
-
-
-FILTERS = {
-    "pd_hccn_devices": devices,
-    "pd_hccn_problems": cluster_problems,
-    "pd_hccn_ping_targets": ping_targets,
-    "pd_hccn_ping_request": ping_request,
-    "pd_hccn_ping_problems": ping_problems,
-}

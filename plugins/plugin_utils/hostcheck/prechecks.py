@@ -209,10 +209,3 @@ def _host_problems(facts, probe):
                    "-e pd_image_archive=$PWD/vllm-ascend.tar (air-gapped sites), or run with "
                    "-e pd_container_pull=missing to pull it")
     return out
-
-
-FILTERS = {
-    "pd_required_paths": required_paths,
-    "pd_precheck_problems": problems,
-    "pd_npu_table": npu_table,
-}

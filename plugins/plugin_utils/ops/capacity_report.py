@@ -244,11 +244,3 @@ def capacity_report_files(reports, reports_dir):
                 {"path": f"{base}/capacity.md", "content": report["markdown"]},
                 {"path": f"{base}/capacity.svg", "content": capacity_chart_svg(report)}]
     return out
-
-
-FILTERS = {
-    "pd_capacity_report": capacity_report,
-    "pd_capacity_reports": capacity_reports,
-    "pd_capacity_report_files": capacity_report_files,
-    "pd_capacity_chart_svg": capacity_chart_svg,
-}

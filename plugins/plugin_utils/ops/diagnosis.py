@@ -536,13 +536,3 @@ def metrics_summary(ranks, load=None):
     if load is not None:
         out["load"] = load
     return out
-
-
-FILTERS = {
-    "pd_metrics_summary": metrics_summary,
-    "pd_count_recompute": count_recompute,
-    "pd_diagnose": diagnose,
-    "pd_verdict": verdict,
-    "pd_health_ranks": health_ranks,
-    "pd_health_clusters": health_clusters,
-}

@@ -221,9 +221,3 @@ def metrics_window(first, second, seconds=None):
     if src_b is not None and (reset or src_a is not None):
         out["prompt_tokens_by_source"] = {k: v - (src_a or {}).get(k, 0.0) for k, v in src_b.items()}
     return out
-
-
-FILTERS = {
-    "pd_parse_metrics": parse_metrics,
-    "pd_metrics_window": metrics_window,
-}

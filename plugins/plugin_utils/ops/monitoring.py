@@ -140,9 +140,3 @@ def grafana_dashboard(plan, kv_high=KV_HIGH):
         ]},
         "panels": panels,
     }
-
-
-FILTERS = {
-    "pd_prometheus_scrape_config": prometheus_scrape_config,
-    "pd_grafana_dashboard": grafana_dashboard,
-}

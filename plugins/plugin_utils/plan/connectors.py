@@ -263,9 +263,3 @@ def additional_config(role_cfg, row, extra=None):
             raise PdError(where, "row.recompute_scheduler_key", f"{key!r} is neither 'top' nor 'nested'",
                           "fix the row in plugins/plugin_utils/data/versions.yml")
     return out or None
-
-
-FILTERS = {
-    "pd_kv_transfer_config": kv_transfer_config,
-    "pd_additional_config": additional_config,
-}

@@ -429,9 +429,3 @@ def proxy_instances(specs, address_of):
 def human(n):
     """Bytes as a short binary size for summaries."""
     return sizes.to_human(n)
-
-
-FILTERS = {
-    "pd_fleet_plan": plan_fleet,
-    "pd_shape_violations": shape_violations,
-}

@@ -277,13 +277,3 @@ def entry_options(specs, passed=None):
                               "declare the option the same way in each role (or in one)")
             out[name] = option
     return out
-
-
-FILTERS = {
-    "pd_entry_options": entry_options,
-    "pd_rollout_targets": rollout_targets,
-    "pd_lock_hosts": lock_hosts,
-    "pd_rollout_waves": rollout_waves,
-    "pd_batch_probes": batch_probes,
-    "pd_cluster_batch_problem": cluster_batch_problem,
-}

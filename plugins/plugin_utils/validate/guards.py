@@ -186,6 +186,3 @@ def cluster_violations(cluster):
                                  f"set max_num_batched_tokens >= {seqs} (decode: about max_num_seqs x (1 + speculative "
                                  "tokens)) or lower max_num_seqs"))
     return out + owned_violations(cluster)
-
-
-FILTERS = {}
