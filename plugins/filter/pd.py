@@ -15,8 +15,8 @@ import os
 import yaml
 
 from ansible_collections.pd.deploy.plugins.plugin_utils.hostcheck import compat, netchecks, prechecks
-from ansible_collections.pd.deploy.plugins.plugin_utils.ops import (baseline, capacity_report, diagnosis, gate, metrics,
-                                                                     monitoring, tuning)
+from ansible_collections.pd.deploy.plugins.plugin_utils.ops import (
+    baseline, capacity_report, diagnosis, gate, metrics, monitoring, tuning)
 from ansible_collections.pd.deploy.plugins.plugin_utils.plan import fleet
 from ansible_collections.pd.deploy.plugins.plugin_utils.plan.fleet import HOST_VARS
 from ansible_collections.pd.deploy.plugins.plugin_utils.report import summary as report

@@ -8,9 +8,6 @@ attached, so an operator reads neither file nor line. This plugin loads the same
 ansible.cfg enables it in place of the built-in one (``vars_plugins_enabled``).
 """
 
-from ansible.errors import AnsibleParserError
-from ansible.plugins.vars.host_group_vars import VarsModule as _BuiltinVarsModule
-
 DOCUMENTATION = """
     name: pd_group_vars
     short_description: group_vars/host_vars like the built-in plugin, with file and line in YAML errors
@@ -27,6 +24,9 @@ DOCUMENTATION = """
     extends_documentation_fragment:
       - vars_plugin_staging
 """
+
+from ansible.errors import AnsibleParserError
+from ansible.plugins.vars.host_group_vars import VarsModule as _BuiltinVarsModule
 
 
 def _origin(exc):

@@ -140,7 +140,7 @@ def tls_problems(plan, probes):
                 tls = device_state(hccn, n)["tls"]
                 if tls is not None:
                     seen.append((name, n, tls))
-        values = sorted({v for _, _, v in seen})
+        values = sorted({v for _host, _device, v in seen})
         if len(values) < 2:
             continue
         usual = max(values, key=lambda v: (sum(1 for s in seen if s[2] == v), -int(v)))
@@ -161,7 +161,7 @@ def ping_targets(plan, probes):
     are skipped here: their own host problems name them.
     """
     out = {}
-    for _, names in _cluster_hosts(plan).items():
+    for names in _cluster_hosts(plan).values():
         prefill = [n for n in names if plan["hosts"][n].get("role") == "prefill"]
         decode = [n for n in names if plan["hosts"][n].get("role") == "decode"]
         for p in prefill:

@@ -157,7 +157,7 @@ def capacity_chart_svg(report):
                  (f"{role}: pinned CPU offload per container", e["pinned_per_container_bytes"], "#f28e2b")]
     width, left, right, bar_h, gap, top = 760, 300, 110, 22, 10, 44
     height = top + len(bars) * (bar_h + gap) + 20
-    scale = max([v for _, v, _ in bars] + [1])
+    scale = max([v for _label, v, _color in bars] + [1])
     parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
              f'viewBox="0 0 {width} {height}" font-family="sans-serif" font-size="12">',
              f'<title>{escape("KV capacity of " + str(report["cluster"]))}</title>',

@@ -257,7 +257,7 @@ def _running_stuck(rank):
         change = None
     if rec["level"] == "error":
         action += " (beyond the TP4 table: activation OOM risk)"
-    waiting = ", ".join(_fmt(w) for _, w in stuck)
+    waiting = ", ".join(_fmt(w) for _running, w in stuck)
     return [_finding(
         "critical" if len(stuck) >= 2 else "warning", "vllm:num_requests_running",
         f"running 1 with waiting {waiting} in every scrape ({note}configured average {avg})",

@@ -224,7 +224,7 @@ def kv_transfer_config(role_cfg, cluster, instance, row, offload_bytes):
     if not children:
         return None
     children, multi = apply_engine_names(children, role_cfg.get("kv_connector_engine"), role,
-                                          f"{cluster.get('name')}/{role}")
+                                         f"{cluster.get('name')}/{role}")
     if len(children) == 1 and not multi:
         return children[0]
     return {

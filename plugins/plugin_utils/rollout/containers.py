@@ -208,7 +208,7 @@ def short_id(image_id):
 def _repository(ref):
     """``quay.io/ascend/vllm-ascend`` of ``quay.io/ascend/vllm-ascend:v1`` (a registry port is not a tag)."""
     name = str(ref).split("@", 1)[0]
-    head, _, tag = name.rpartition(":")
+    head, _sep, tag = name.rpartition(":")
     return head if head and "/" not in tag else name
 
 

@@ -2,7 +2,6 @@
 found), their batches (``pd_cluster_batch``), the waves of ranks inside a cluster, and where each
 cluster's deploy lock lives. The plan (``plan.fleet.plan_fleet``) holds the batches it computes."""
 
-from ..shared import text
 from ..shared.errors import PdError
 from .containers import (containers_to_start, host_specs, moved_image_warnings, moved_images, orphans, spec_state,
                          start_reason, wiring_differs)

@@ -52,7 +52,7 @@ def _flag_and_path(arg):
     if not isinstance(arg, str) or not arg.startswith("-") or arg in ("-", "--"):
         return None, None
     name = arg.split("=", 1)[0]
-    name, _, path = name.partition(".")
+    name, _sep, path = name.partition(".")
     path = path.rstrip("+") or None
     if not name.startswith("--"):
         return SHORT_FLAGS.get(name, name), path
