@@ -5,8 +5,8 @@
 #   make collection  build/collection/pd-deploy-<version>.tar.gz: `ansible-galaxy collection build` of the
 #               checkout, which is the collection pd.deploy (galaxy.yml at the top; no Galaxy needed), and
 #               the tarballs of its dependencies rebuilt from the ansible wheel (tools/wheel_collections.py)
-#   make check-collection  ansible-lint and ansible-doc of the built collection, installed offline with its
-#               dependencies into a lean venv (tests/harness/check-artifact.sh)
+#   make check-collection  ansible-lint, ansible-doc and ansible-test sanity of the built collection, installed
+#               offline with its dependencies into a lean venv (tests/harness/check-artifact.sh)
 #   make docs   rewrite docs/reference/variables.md from the argument specs, schemas and data files
 SHELL := /bin/bash
 PYTHON ?= python3

@@ -96,8 +96,8 @@ def describe(holder):
 
 def pid_now(holder, name=None):
     """What runs under the holder's process id now, when it is not ansible-playbook (reused id), else ''."""
-    name = name if name is not None else (process_name(holder["pid"]) if isinstance((holder or {}).get("pid"), int)
-                                         else None)
+    if name is None and isinstance((holder or {}).get("pid"), int):
+        name = process_name(holder["pid"])
     if not name or name.startswith("ansible"):
         return ""
     return f" Process id {holder['pid']} now belongs to another program ({name})."

@@ -45,7 +45,7 @@ def progress_line(host, checks, results, elapsed):
     ``a-d0: waiting for 2 of 4 health URLs after 2m 00s (timeout 30m 00s): pd-a-decode0-dp0 (HTTP 503), ...``
     """
     pending = [(c, r) for c, r in zip(checks, results) if r.get("pending")]
-    timeout = max((float(c["timeout_s"]) for c, _ in pending), default=0.0)
+    timeout = max((float(c["timeout_s"]) for c, _item in pending), default=0.0)
     names = ", ".join(f"{c['name']} ({_last_answer(r)})" for c, r in pending)
     return (f"{host}: waiting for {len(pending)} of {len(checks)} health URLs after {duration(elapsed)} "
             f"(timeout {duration(timeout)}): {names}")
@@ -64,7 +64,7 @@ def next_slice(checks, results, elapsed):
         if result.get("pending"):
             left = float(check["timeout_s"]) - elapsed
             out.append((index, dict(check, timeout_s=max(0.0, left))))
-    return [i for i, _ in out], [c for _, c in out]
+    return [i for i, _check in out], [c for _index, c in out]
 
 
 def merge(results, indexes, slice_results, elapsed_before):

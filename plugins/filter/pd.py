@@ -1,9 +1,12 @@
-"""Ansible filters of pd-deploy.
+"""Ansible filters of pd-deploy: the collection's public filter surface.
 
-The logic lives in the collection's ``plugin_utils`` package (pure functions, unit tested directly;
-``ansible_collections.pd.deploy.plugins.plugin_utils``); this file only
-maps filter names to those functions, plus one adapter that turns Ansible's lazy ``hostvars`` into
-the plain dicts the core expects.
+``FilterModule.filters()`` lists by hand every filter that a role, a playbook, a Molecule scenario or the
+docs apply, each with its ansible-doc page ``plugins/filter/<name>.yml``; nothing else is a filter
+(tests/unit/plugins/filter/test_filter_docs.py fails on a filter without a use or without a page). The
+logic lives in the collection's ``plugin_utils`` package (pure functions, unit tested directly;
+``ansible_collections.pd.deploy.plugins.plugin_utils``); the helpers the filters build on stay plain
+functions there. This file only maps names to functions, plus one adapter that turns Ansible's lazy
+``hostvars`` into the plain dicts the core expects.
 """
 
 import functools
@@ -11,15 +14,15 @@ import os
 
 import yaml
 
-from ansible_collections.pd.deploy.plugins.plugin_utils import ops
 from ansible_collections.pd.deploy.plugins.plugin_utils.hostcheck import compat, netchecks, prechecks
-from ansible_collections.pd.deploy.plugins.plugin_utils.ops import logparse
-from ansible_collections.pd.deploy.plugins.plugin_utils.plan import capacity, connectors, fleet, versions
+from ansible_collections.pd.deploy.plugins.plugin_utils.ops import (
+    baseline, capacity_report, diagnosis, gate, metrics, monitoring, remove, tuning)
+from ansible_collections.pd.deploy.plugins.plugin_utils.plan import fleet
 from ansible_collections.pd.deploy.plugins.plugin_utils.plan.fleet import HOST_VARS
 from ansible_collections.pd.deploy.plugins.plugin_utils.report import summary as report
 from ansible_collections.pd.deploy.plugins.plugin_utils.rollout import containers, failures, order
 from ansible_collections.pd.deploy.plugins.plugin_utils.shared import sizes
-from ansible_collections.pd.deploy.plugins.plugin_utils.validate import rules, secrets
+from ansible_collections.pd.deploy.plugins.plugin_utils.validate import secrets
 from ansible_collections.pd.deploy.plugins.plugin_utils.validate.inventory import HOST_PATH_VARS
 
 _READ = ("pd_cluster", "ansible_host", "pd_allow_idle_hosts") + HOST_VARS + HOST_PATH_VARS
@@ -124,13 +127,73 @@ def plan_from_hostvars(hostvars, host_names, limit=None):
 
 
 class FilterModule:
-    """Maps filter names to the core's functions."""
+    """The public filters, by stage of a run; each has its page plugins/filter/<name>.yml."""
 
     def filters(self):
-        out = {}
-        for module in (sizes, capacity, logparse, versions, connectors, rules, fleet, order, containers, report,
-                       prechecks, ops, secrets, netchecks, failures, compat):
-            out.update(module.FILTERS)
-        out["pd_fleet_input"] = fleet_input
-        out["pd_plan_from_hostvars"] = plan_from_hostvars
-        return out
+        return {
+            # plan: the whole plan from the inventory; sizes an operator writes
+            "pd_plan_from_hostvars": plan_from_hostvars,
+            "pd_to_bytes": sizes.to_bytes,
+            "pd_secret_env": secrets.secret_env,
+            "pd_auth_headers": secrets.auth_headers,
+            # host checks
+            "pd_required_paths": prechecks.required_paths,
+            "pd_precheck_problems": prechecks.problems,
+            "pd_compat_problems": compat.problems,
+            "pd_compat_docker_warnings": compat.docker_warnings,
+            "pd_hccn_devices": netchecks.devices,
+            "pd_hccn_problems": netchecks.cluster_problems,
+            "pd_hccn_ping_targets": netchecks.ping_targets,
+            "pd_hccn_ping_request": netchecks.ping_request,
+            "pd_hccn_ping_problems": netchecks.ping_problems,
+            # rollout: order, containers, known failures
+            "pd_entry_options": order.entry_options,
+            "pd_rollout_targets": order.rollout_targets,
+            "pd_lock_hosts": order.lock_hosts,
+            "pd_rollout_waves": order.rollout_waves,
+            "pd_batch_probes": order.batch_probes,
+            "pd_host_specs": containers.host_specs,
+            "pd_replacement_plan": containers.replacement_plan,
+            "pd_probe_specs": containers.probe_specs,
+            "pd_start_labels": containers.start_labels,
+            "pd_health_checks": containers.health_checks,
+            "pd_unhealthy_specs": containers.unhealthy_specs,
+            "pd_rollback_message": containers.rollback_message,
+            "pd_wiring_message": containers.wiring_message,
+            "pd_orphans": containers.orphans,
+            "pd_docker_logs": containers.docker_logs,
+            "pd_known_failures": failures.scan_logs,
+            "pd_proxy_answer_problems": failures.proxy_answer_problems,
+            # report
+            "pd_inventory_slug": report.inventory_slug,
+            "pd_rollout_summary": report.rollout_summary,
+            "pd_rollout_failed_hosts": report.failed_hosts,
+            "pd_rollout_failure_message": report.failure_message,
+            # operations (playbooks/health_check.yml, baseline.yml, capacity_report.yml, token_gate.yml,
+            # tune.yml, monitoring.yml)
+            "pd_parse_metrics": metrics.parse_metrics,
+            "pd_metrics_window": metrics.metrics_window,
+            "pd_metrics_summary": diagnosis.metrics_summary,
+            "pd_diagnose": diagnosis.diagnose,
+            "pd_health_ranks": diagnosis.health_ranks,
+            "pd_health_clusters": diagnosis.health_clusters,
+            "pd_gate_answers": gate.gate_answers,
+            "pd_token_gate": gate.token_gate,
+            "pd_gate_message": gate.gate_message,
+            "pd_one_change": tuning.one_change,
+            "pd_tune_check": tuning.tune_check,
+            "pd_tune_record": tuning.tune_record,
+            "pd_spec_hashes": tuning.spec_hashes,
+            "pd_running_drift": tuning.running_drift,
+            "pd_baseline_spec": baseline.baseline_spec,
+            "pd_baseline_boots": baseline.baseline_boots,
+            "pd_baseline_failure": baseline.baseline_failure,
+            "pd_image_identity": baseline.image_identity,
+            "pd_baseline_report": baseline.baseline_report,
+            "pd_baseline_markdown": baseline.baseline_markdown,
+            "pd_capacity_reports": capacity_report.capacity_reports,
+            "pd_capacity_report_files": capacity_report.capacity_report_files,
+            "pd_prometheus_scrape_config": monitoring.prometheus_scrape_config,
+            "pd_grafana_dashboard": monitoring.grafana_dashboard,
+            "pd_remove_hosts_plan": remove.remove_hosts_plan,
+        }

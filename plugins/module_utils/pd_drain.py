@@ -49,7 +49,7 @@ def in_flight(metrics_text):
 
 def _split(key):
     """("host", "port") of an ``address:port`` key (the port after the last colon)."""
-    host, _, port = str(key).rpartition(":")
+    host, _sep, port = str(key).rpartition(":")
     return host, port
 
 
@@ -196,7 +196,7 @@ def started_at(docker_socket, container):
     """When Docker last started the proxy's container (its State.StartedAt), or "" when not known."""
     if not (docker_socket and container):
         return ""
-    status, body, _ = docker(docker_socket, "GET", f"/containers/{urllib.parse.quote(container, safe='')}/json")
+    status, body, _error = docker(docker_socket, "GET", f"/containers/{urllib.parse.quote(container, safe='')}/json")
     return str(((body or {}).get("State") or {}).get("StartedAt") or "") if status == 200 and isinstance(body, dict) else ""
 
 
@@ -273,7 +273,7 @@ def _engines_busy(keys, send, timeout):
     """{key: requests in flight} of the engines that have some (an engine that does not answer has none)."""
     busy = {}
     for key in keys:
-        status, body, _ = send(f"http://{key}/metrics", "GET", None, timeout)
+        status, body, _error = send(f"http://{key}/metrics", "GET", None, timeout)
         count = in_flight(body.decode("utf-8", "replace")) if status == 200 else None
         if count:
             busy[key] = count
@@ -441,7 +441,7 @@ def proxy_down(proxy_url, container="", docker_socket="", timeout=5.0, send=requ
     why = gone(docker_socket, container) if container and docker_socket else None
     if why:
         return f"its container {container}: {why}"
-    status, _, error = send(f"{proxy_url}/instances/add", "POST", {"type": "prefill", "instances": []}, timeout)
+    status, _body, error = send(f"{proxy_url}/instances/add", "POST", {"type": "prefill", "instances": []}, timeout)
     if status == 0:
         return f"it does not answer on {proxy_url} ({error or 'no answer'})"
     return ""

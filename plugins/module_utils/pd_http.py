@@ -82,7 +82,7 @@ def container_gone(socket_path, name):
     counts restarts since the last start by the API, so a container started by this run begins at 0).
     None also when the engine cannot be asked: then only the check's deadline ends the wait.
     """
-    status, body, _ = docker(socket_path, "GET", f"/containers/{urllib.parse.quote(name, safe='')}/json")
+    status, body, _error = docker(socket_path, "GET", f"/containers/{urllib.parse.quote(name, safe='')}/json")
     if status == 404:
         return "container does not exist"
     if status != 200 or not isinstance(body, dict):

@@ -106,6 +106,10 @@ def main():
             "state": {"type": "str", "choices": ["acquired", "released", "checked"], "default": "acquired"},
             "holder": {"type": "dict", "required": True},
             "force": {"type": "bool", "default": False},
+            # the action plugin takes these two out before the module runs (messages, breaking a stale
+            # lock); declared so that the spec is the page's
+            "lock_host": {"type": "str"},
+            "break_lock": {"type": "bool"},
         },
         supports_check_mode=True,
     )
@@ -118,25 +122,25 @@ def main():
     found = read_holder(path)
     ours = found is not None and found.get("run_id") == mine.get("run_id")
     if p["state"] == "checked" or module.check_mode:
-        module.exit_json(**dict(out, holder=found, acquired=ours))
+        module.exit_json(**{**out, "holder": found, "acquired": ours})
     if p["state"] == "released":
         if ours:
             os.unlink(path)
             out["changed"] = True
-        module.exit_json(**dict(out, holder=None if ours else found))
+        module.exit_json(**{**out, "holder": None if ours else found})
     if ours:
-        module.exit_json(**dict(out, acquired=True, holder=found))
+        module.exit_json(**{**out, "acquired": True, "holder": found})
     try:
         os.makedirs(p["dir"], mode=0o755, exist_ok=True)
         if found is not None and p["force"]:
             os.unlink(path)
             out["broken"] = found
         if create(path, mine):
-            module.exit_json(**dict(out, acquired=True, holder=mine, changed=True))
+            module.exit_json(**{**out, "acquired": True, "holder": mine, "changed": True})
     except OSError as exc:
         module.fail_json(msg=f"cannot write the deploy lock {path}: {exc} — check that {p['dir']} is writable "
                              "(pd_rollout_lock_dir)", path=path)
-    module.exit_json(**dict(out, holder=read_holder(path) or found or {}))
+    module.exit_json(**{**out, "holder": read_holder(path) or found or {}})
 
 
 if __name__ == "__main__":

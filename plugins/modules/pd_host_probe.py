@@ -327,9 +327,9 @@ def run_compat(socket_path, spec):
     out = {"images": {}}
     for ref in spec.get("images") or []:
         quoted = urllib.parse.quote(ref, safe="/:@")
-        status, body, _ = docker(socket_path, "GET", f"/images/{quoted}/json")
+        status, body, _error = docker(socket_path, "GET", f"/images/{quoted}/json")
         config = (body or {}).get("Config") or {} if status == 200 and isinstance(body, dict) else {}
-        status, hist, _ = docker(socket_path, "GET", f"/images/{quoted}/history")
+        status, hist, _error = docker(socket_path, "GET", f"/images/{quoted}/history")
         layers = hist if status == 200 and isinstance(hist, list) else []
         out["images"][ref] = {"env": config.get("Env") or [], "labels": config.get("Labels") or {},
                               "history": [h.get("CreatedBy", "") for h in layers if isinstance(h, dict)]}

@@ -59,9 +59,11 @@ options:
     default: false
 attributes:
   check_mode:
+    description: Can run in check mode and return changed status prediction without modifying target.
     support: full
     details: The files are controller-side review files; pd_plan writes them under --check too.
   diff_mode:
+    description: Will return details on what has changed (or possibly needs changing in check mode), when in diff mode.
     support: none
 author: pd-deploy maintainers (!UNKNOWN)
 """

@@ -8,21 +8,6 @@ attached, so an operator reads neither file nor line. This plugin loads the same
 ansible.cfg enables it in place of the built-in one (``vars_plugins_enabled``).
 """
 
-from ansible.errors import AnsibleParserError
-from ansible.plugins.vars.host_group_vars import VarsModule as _BuiltinVarsModule
-
-# The filter library, imported once here in the controller's main process (vars plugins load there,
-# before the strategy forks a worker per task and host). Workers inherit it: the plugin loader finds
-# ansible_collections.pd.deploy.plugins.filter.pd in sys.modules (plugins/loader.py,
-# _load_module_source). Without this, every worker that templates one pd.deploy.* filter imports the
-# library and its core anew (about 0.3 s of CPU each: jsonschema, the data files), which made the
-# prechecks tasks of a no-op re-run three times slower once the filters were FQCN (make bench-deploy,
-# bench/README.md). A failed import is left to the filter loader, which reports it where a filter is used.
-try:
-    import ansible_collections.pd.deploy.plugins.filter.pd  # noqa: F401  pylint: disable=unused-import
-except ImportError:  # pragma: no cover - a controller without the collection's Python requirements
-    pass
-
 DOCUMENTATION = """
     name: pd_group_vars
     short_description: group_vars/host_vars like the built-in plugin, with file and line in YAML errors
@@ -39,6 +24,21 @@ DOCUMENTATION = """
     extends_documentation_fragment:
       - vars_plugin_staging
 """
+
+from ansible.errors import AnsibleParserError
+from ansible.plugins.vars.host_group_vars import VarsModule as _BuiltinVarsModule
+
+# The filter library, imported once here in the controller's main process (vars plugins load there,
+# before the strategy forks a worker per task and host). Workers inherit it: the plugin loader finds
+# ansible_collections.pd.deploy.plugins.filter.pd in sys.modules (plugins/loader.py,
+# _load_module_source). Without this, every worker that templates one pd.deploy.* filter imports the
+# library and its core anew (about 0.3 s of CPU each: jsonschema, the data files), which made the
+# prechecks tasks of a no-op re-run three times slower once the filters were FQCN (make bench-deploy,
+# bench/README.md). A failed import is left to the filter loader, which reports it where a filter is used.
+try:
+    import ansible_collections.pd.deploy.plugins.filter.pd  # noqa: F401  pylint: disable=unused-import
+except ImportError:  # pragma: no cover - a controller without the collection's Python requirements
+    pass
 
 
 def _origin(exc):

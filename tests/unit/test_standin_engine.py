@@ -1,4 +1,4 @@
-"""The stand-in `vllm serve` (tests/fixtures/images/vllm-ascend-standin/vllm_standin.py):
+"""The stand-in `vllm serve` (tests/fixtures/images/vllm_ascend_standin/vllm_standin.py):
 strict flags, vllm-ascend start-up rules, the KV start-up lines and their footprint
 model, the HTTP routes, /metrics, and the fault switches. Runs the script as a
 subprocess on 127.0.0.1; no Docker."""

@@ -1,11 +1,10 @@
-"""The stand-in PD proxy (tests/fixtures/images/vllm-ascend-standin/proxy_standin.py):
+"""The stand-in PD proxy (tests/fixtures/images/vllm_ascend_standin/proxy_standin.py):
 flags like the real load_balance_proxy_server_example.py, routing prefill then decode
 with kv_transfer_params, round-robin, health, /v1/models and instance add/remove.
 Runs the proxy and stand-in engines as subprocesses on 127.0.0.1; no Docker."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
 import subprocess
@@ -15,6 +14,7 @@ import urllib.request
 
 import pytest
 
+from tests.fixtures.images.vllm_ascend_standin import proxy_standin
 from tests.fixtures.standin_procs import PROXY, clean_env, http, http_json
 
 P_KTC = json.dumps({"kv_connector": "MooncakeConnectorV1", "kv_role": "kv_producer", "engine_id": "0",
@@ -64,13 +64,6 @@ class TestFlags:
 
 
 MAIN = {"PD_STANDIN_ASCEND_VERSION": "main"}
-
-
-def load_proxy_module():
-    spec = importlib.util.spec_from_file_location("proxy_standin", PROXY)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 class TestRouting:
@@ -279,7 +272,7 @@ class TestPools:
     """The scheduling state, called directly (no HTTP)."""
 
     def pools(self, **over):
-        mod = load_proxy_module()
+        mod = proxy_standin
         args = mod.parse_args(["--prefiller-hosts", "127.0.0.1", "localhost", "--prefiller-ports", "1", "2",
                                "--decoder-hosts", "127.0.0.1", "--decoder-ports", "3"])
         return mod, mod.Pools(args)

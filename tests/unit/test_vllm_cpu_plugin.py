@@ -1,18 +1,20 @@
-"""The test-only vLLM plugin of pd-test/vllm-cpu (tests/fixtures/images/vllm-cpu/pd_test_vllm_plugin/),
+"""The test-only vLLM plugin of pd-test/vllm-cpu (tests/fixtures/images/vllm_cpu/pd_test_vllm_plugin/),
 against stand-ins of the two vLLM 0.27.1 / torch names it patches (neither is installed here).
 
 Each bridge must change behaviour only where the unpatched code fails (no accelerator; a child without
 Prometheus metrics) and be safe to load twice (vLLM loads general plugins once per process, maybe more).
 """
 
-import importlib.util
+import importlib
 import os
 import sys
 import types
 
 import pytest
 
-PLUGIN_DIR = os.path.join(os.path.dirname(__file__), "..", "fixtures", "images", "vllm-cpu", "pd_test_vllm_plugin")
+PLUGIN_DIR = os.path.join(os.path.dirname(__file__), "..", "fixtures", "images", "vllm_cpu", "pd_test_vllm_plugin")
+# imported under its package path; dropped from sys.modules first so each test starts from a fresh load
+MODULE = "tests.fixtures.images.vllm_cpu.pd_test_vllm_plugin.pd_test_vllm_plugin"
 
 
 class _Metrics:
@@ -56,10 +58,8 @@ def plugin(monkeypatch):
         monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
     monkeypatch.setitem(sys.modules, "vllm.distributed.kv_transfer.kv_connector.v1", v1)
     monkeypatch.setitem(sys.modules, "vllm.distributed.kv_transfer.kv_connector.v1.multi_connector", multi)
-    spec = importlib.util.spec_from_file_location("pd_test_vllm_plugin",
-                                                  os.path.join(PLUGIN_DIR, "pd_test_vllm_plugin.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    monkeypatch.delitem(sys.modules, MODULE, raising=False)
+    module = importlib.import_module(MODULE)
     return module, state, accelerator, multi.MultiKVConnectorPromMetrics
 
 

@@ -123,9 +123,3 @@ def docker_warnings(host, compat):
     if not isinstance(compat, dict) or "daemon_json" not in compat:
         return []
     return [f"{host}: {p}" for p in docker_problems(compat.get("daemon_json"))]
-
-
-FILTERS = {
-    "pd_compat_problems": problems,
-    "pd_compat_docker_warnings": docker_warnings,
-}

@@ -140,7 +140,7 @@ def tls_problems(plan, probes):
                 tls = device_state(hccn, n)["tls"]
                 if tls is not None:
                     seen.append((name, n, tls))
-        values = sorted({v for _, _, v in seen})
+        values = sorted({v for _host, _device, v in seen})
         if len(values) < 2:
             continue
         usual = max(values, key=lambda v: (sum(1 for s in seen if s[2] == v), -int(v)))
@@ -161,7 +161,7 @@ def ping_targets(plan, probes):
     are skipped here: their own host problems name them.
     """
     out = {}
-    for _, names in _cluster_hosts(plan).items():
+    for names in _cluster_hosts(plan).values():
         prefill = [n for n in names if plan["hosts"][n].get("role") == "prefill"]
         decode = [n for n in names if plan["hosts"][n].get("role") == "decode"]
         for p in prefill:
@@ -220,12 +220,3 @@ def cluster_problems(plan, probes):
 def ping_request(targets):
     """The probe's ``hccn.ping`` option from one host's targets: ``[{device, address}]``."""
     return [{"device": t["device"], "address": t["address"]} for t in targets or []]
-
-
-FILTERS = {
-    "pd_hccn_devices": devices,
-    "pd_hccn_problems": cluster_problems,
-    "pd_hccn_ping_targets": ping_targets,
-    "pd_hccn_ping_request": ping_request,
-    "pd_hccn_ping_problems": ping_problems,
-}

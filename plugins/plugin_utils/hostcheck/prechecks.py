@@ -121,7 +121,8 @@ def problems(facts):
     """Every problem of one host as a list of ``host: what — what to do`` strings.
 
     ``facts``: host, specs, model_path, npus_needed, ram_reserve_bytes, min_free_disk_bytes, npu_chip and
-    hbm_per_npu_bytes (the inventory's pd_npu_chip / pd_hbm_per_npu), probe (the pd_host_probe result), checks (false with pd_prechecks_skip: only Docker and the health of
+    hbm_per_npu_bytes (the inventory's pd_npu_chip / pd_hbm_per_npu), probe (the pd_host_probe result),
+    checks (false with pd_prechecks_skip: only Docker and the health of
     containers already running their spec are judged).
     """
     host = facts["host"]
@@ -209,10 +210,3 @@ def _host_problems(facts, probe):
                    "-e pd_image_archive=$PWD/vllm-ascend.tar (air-gapped sites), or run with "
                    "-e pd_container_pull=missing to pull it")
     return out
-
-
-FILTERS = {
-    "pd_required_paths": required_paths,
-    "pd_precheck_problems": problems,
-    "pd_npu_table": npu_table,
-}

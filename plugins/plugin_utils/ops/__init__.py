@@ -1,8 +1,8 @@
 """The operator's workflow after a deploy (DOMAIN.md §5-§7): read signals, judge them, act on one knob.
 
-One module per step, each the plain functions behind the ``pd_*`` filters that
-``playbooks/health_check.yml``, ``baseline.yml``, ``capacity_report.yml``, ``token_gate.yml``,
-``tune.yml`` and ``monitoring.yml`` use:
+One module per step, plain functions; those that ``playbooks/health_check.yml``, ``baseline.yml``,
+``capacity_report.yml``, ``token_gate.yml``, ``tune.yml`` and ``monitoring.yml`` apply are the ``pd_*``
+filters of ``plugins/filter/pd.py``:
 
 - ``metrics``: ``parse_metrics`` reads a vLLM ``/metrics`` page, ``metrics_window`` the change
   between two scrapes;
@@ -23,8 +23,5 @@ Nothing here talks to a host; no module level mutable state. Bad input raises ``
 
 from . import baseline, capacity_report, common, diagnosis, gate, metrics, monitoring, remove, tuning
 
-#: The workflow's modules in the operator's order; each has its own FILTERS.
-STEPS = (common, metrics, diagnosis, gate, tuning, baseline, capacity_report, monitoring, remove)
-
-#: Every filter of the workflow (plugins/filter/pd.py registers this mapping).
-FILTERS = {name: func for step in STEPS for name, func in step.FILTERS.items()}
+#: The workflow's modules in the operator's order.
+__all__ = ["common", "metrics", "diagnosis", "gate", "tuning", "baseline", "capacity_report", "monitoring", "remove"]

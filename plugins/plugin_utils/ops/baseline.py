@@ -280,13 +280,3 @@ def baseline_markdown(report, cluster_name=None, versions=None):
     lines += ["", "The start-up \"one request needs ~X\" is max-model-len x single ratio: a worst-case "
               "reservation at max-model-len. Plan with the fit; set max-model-len to the P99 request."]
     return "\n".join(lines) + "\n"
-
-
-FILTERS = {
-    "pd_baseline_spec": baseline_spec,
-    "pd_baseline_boots": baseline_boots,
-    "pd_baseline_failure": baseline_failure,
-    "pd_image_identity": image_identity,
-    "pd_baseline_report": baseline_report,
-    "pd_baseline_markdown": baseline_markdown,
-}

@@ -157,7 +157,7 @@ def capacity_chart_svg(report):
                  (f"{role}: pinned CPU offload per container", e["pinned_per_container_bytes"], "#f28e2b")]
     width, left, right, bar_h, gap, top = 760, 300, 110, 22, 10, 44
     height = top + len(bars) * (bar_h + gap) + 20
-    scale = max([v for _, v, _ in bars] + [1])
+    scale = max([v for _label, v, _color in bars] + [1])
     parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
              f'viewBox="0 0 {width} {height}" font-family="sans-serif" font-size="12">',
              f'<title>{escape("KV capacity of " + str(report["cluster"]))}</title>',
@@ -244,11 +244,3 @@ def capacity_report_files(reports, reports_dir):
                 {"path": f"{base}/capacity.md", "content": report["markdown"]},
                 {"path": f"{base}/capacity.svg", "content": capacity_chart_svg(report)}]
     return out
-
-
-FILTERS = {
-    "pd_capacity_report": capacity_report,
-    "pd_capacity_reports": capacity_reports,
-    "pd_capacity_report_files": capacity_report_files,
-    "pd_capacity_chart_svg": capacity_chart_svg,
-}

@@ -81,10 +81,3 @@ def p99_request_len(cluster):
 def human(n):
     """A byte count as the reports print it ("1.5GiB"; "0" for none)."""
     return sizes.to_human(int(n)) if n else "0"
-
-
-FILTERS = {
-    "pd_normalized_cluster": normalized_cluster,
-    "pd_model_band": model_band,
-    "pd_model_estimate": model_estimate,
-}

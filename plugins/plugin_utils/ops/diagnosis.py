@@ -257,7 +257,7 @@ def _running_stuck(rank):
         change = None
     if rec["level"] == "error":
         action += " (beyond the TP4 table: activation OOM risk)"
-    waiting = ", ".join(_fmt(w) for _, w in stuck)
+    waiting = ", ".join(_fmt(w) for _running, w in stuck)
     return [_finding(
         "critical" if len(stuck) >= 2 else "warning", "vllm:num_requests_running",
         f"running 1 with waiting {waiting} in every scrape ({note}configured average {avg})",
@@ -536,13 +536,3 @@ def metrics_summary(ranks, load=None):
     if load is not None:
         out["load"] = load
     return out
-
-
-FILTERS = {
-    "pd_metrics_summary": metrics_summary,
-    "pd_count_recompute": count_recompute,
-    "pd_diagnose": diagnose,
-    "pd_verdict": verdict,
-    "pd_health_ranks": health_ranks,
-    "pd_health_clusters": health_clusters,
-}

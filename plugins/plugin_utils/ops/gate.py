@@ -137,10 +137,3 @@ def gate_message(result, label_a="A", label_b="B"):
                      f"{label_a} {m['a_token']!r} vs {label_b} {m['b_token']!r} "
                      f"({label_a} ...{m['a_excerpt']!r}... / {label_b} ...{m['b_excerpt']!r}...)")
     return lines
-
-
-FILTERS = {
-    "pd_gate_answers": gate_answers,
-    "pd_token_gate": token_gate,
-    "pd_gate_message": gate_message,
-}

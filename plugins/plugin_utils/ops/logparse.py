@@ -300,11 +300,3 @@ def judge_bytes_per_token(value, band):
             f"connector misbehaves; boot a bare baseline without connectors and compare"
         )
     return {"verdict": verdict, "ratio": float(ratio), "message": message}
-
-
-FILTERS = {
-    "pd_parse_startup_log": parse_startup_log,
-    "pd_two_point_fit": two_point_fit,
-    "pd_footprint_at": footprint_at,
-    "pd_judge_bytes_per_token": judge_bytes_per_token,
-}

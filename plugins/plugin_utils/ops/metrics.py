@@ -39,7 +39,7 @@ def quantile(buckets, q):
     for index, (le, count) in enumerate(buckets):
         if count >= rank:
             if math.isinf(le):
-                finite = [b for b, _ in buckets if not math.isinf(b)]
+                finite = [b for b, _count in buckets if not math.isinf(b)]
                 return finite[-1] if finite else None
             if index == 0 and le <= 0:
                 return le
@@ -53,14 +53,14 @@ def quantile(buckets, q):
 def _histogram(buckets, total_sum, count):
     """Summary dict of one histogram from {le text: cumulative count}, sum and count."""
     ordered = sorted(((le_value(le), le, value) for le, value in buckets.items()), key=lambda b: b[0])
-    pairs = [(le, value) for le, _, value in ordered]
+    pairs = [(le, value) for le, _text, value in ordered]
     return {
         "count": count,
         "sum": total_sum,
         "mean": (total_sum / count) if count else None,
         "p50": quantile(pairs, 0.5),
         "p95": quantile(pairs, 0.95),
-        "buckets": [{"le": text, "count": value} for _, text, value in ordered],
+        "buckets": [{"le": text, "count": value} for _le, text, value in ordered],
     }
 
 
@@ -221,9 +221,3 @@ def metrics_window(first, second, seconds=None):
     if src_b is not None and (reset or src_a is not None):
         out["prompt_tokens_by_source"] = {k: v - (src_a or {}).get(k, 0.0) for k, v in src_b.items()}
     return out
-
-
-FILTERS = {
-    "pd_parse_metrics": parse_metrics,
-    "pd_metrics_window": metrics_window,
-}

@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from ..shared.errors import PdError
 from .diagnosis import KV_HIGH
 
+
 def _addresses(plan):
     """{host: address} from the launch specs (HCCL_IF_IP is the host's address)."""
     out = {}
@@ -94,6 +95,11 @@ def grafana_dashboard(plan, kv_high=KV_HIGH):
     _check_plan(plan, where)
     sel = 'cluster=~"$cluster"'
     by = "cluster, role, instance"
+    up_defaults = {
+        "mappings": [{"type": "value", "options": {"0": {"text": "DOWN", "color": "red"},
+                                                   "1": {"text": "UP", "color": "green"}}}],
+        "thresholds": {"mode": "absolute", "steps": [{"color": "red", "value": None}, {"color": "green", "value": 1}]},
+    }
     panels = [
         _panel(1, "Requests running", [(f"sum by ({by}) (vllm:num_requests_running{{{sel}}})", "{{instance}}")],
                (0, 0, 12, 8), "Prefill stuck at 1 while requests wait: max-num-batched-tokens < prompt; raise it "
@@ -104,8 +110,8 @@ def grafana_dashboard(plan, kv_high=KV_HIGH):
                (0, 8, 12, 8), f"Above {kv_high} sustained: the KV pool is nearly empty; add CPU offload or lower "
                "max-model-len.", unit="percentunit", thresholds=[(kv_high, "red")],
                extra={"options": {"legend": {"displayMode": "list"}}}),
-        _panel(4, "Preemptions per second", [(f"sum by ({by}) (rate(vllm:num_preemptions_total{{{sel}}}[5m]))",
-                                               "{{instance}}")],
+        _panel(4, "Preemptions per second",
+               [(f"sum by ({by}) (rate(vllm:num_preemptions_total{{{sel}}}[5m]))", "{{instance}}")],
                (12, 8, 12, 8), "Should stay 0. Above 0 the KV is truly short: lower max-num-seqs on D or add "
                "RecomputeCPUOffloadConnector.", unit="ops", thresholds=[(0.0001, "red")]),
         _panel(5, "Time to first token p50 / p95",
@@ -119,12 +125,7 @@ def grafana_dashboard(plan, kv_high=KV_HIGH):
                (12, 16, 12, 8), "The PD proxy's /healthcheck probed by the blackbox exporter (1 = up).",
                kind="stat", thresholds=[(1, "green")],
                extra={"options": {"colorMode": "background", "reduceOptions": {"calcs": ["lastNotNull"]}},
-                      "fieldConfig": {"defaults": {
-                          "mappings": [{"type": "value", "options": {"0": {"text": "DOWN", "color": "red"},
-                                                                     "1": {"text": "UP", "color": "green"}}}],
-                          "thresholds": {"mode": "absolute", "steps": [{"color": "red", "value": None},
-                                                                       {"color": "green", "value": 1}]}},
-                          "overrides": []}}),
+                      "fieldConfig": {"defaults": up_defaults, "overrides": []}}),
     ]
     clusters = sorted(plan["clusters"])
     return {
@@ -140,9 +141,3 @@ def grafana_dashboard(plan, kv_high=KV_HIGH):
         ]},
         "panels": panels,
     }
-
-
-FILTERS = {
-    "pd_prometheus_scrape_config": prometheus_scrape_config,
-    "pd_grafana_dashboard": grafana_dashboard,
-}

@@ -147,7 +147,3 @@ def _cluster(plan, cluster, gone, out):
         + (f"; the next deploy renumbers the remaining {' and '.join(renumbered)} instance(s) (replaced one at a time, drained)"
            if renumbered else ""))
 
-
-FILTERS = {
-    "pd_remove_hosts_plan": remove_hosts_plan,
-}

@@ -185,13 +185,3 @@ def tune_record(change, before, after, cluster):
         }
     return {"cluster": cluster, "param": change["path"], "old": change["old"], "new": change["new"],
             "before": headline(before), "after": headline(after), "detail": {"before": before, "after": after}}
-
-
-FILTERS = {
-    "pd_one_change": one_change,
-    "pd_diff_paths": diff_paths,
-    "pd_tune_check": tune_check,
-    "pd_tune_record": tune_record,
-    "pd_spec_hashes": spec_hashes,
-    "pd_running_drift": running_drift,
-}

@@ -525,21 +525,3 @@ def weights_fit_problems(cluster, role, hosts):
         fixes.append("or hosts with more HBM per NPU (pd_hbm_per_npu)")
         out.append((host["name"], message, "; ".join(fixes)))
     return out
-
-
-FILTERS = {
-    "pd_kv_budget": kv_budget,
-    "pd_kv_tokens": kv_tokens,
-    "pd_batched_tokens_level": batched_tokens_level,
-    "pd_recommend_batched_tokens": recommend_batched_tokens,
-    "pd_expected_p_concurrency": expected_p_concurrency,
-    "pd_recommend_max_num_seqs": recommend_max_num_seqs,
-    "pd_retention_interval": retention_interval,
-    "pd_d_batched_tokens": d_batched_tokens,
-    "pd_weights_per_npu": weights_per_npu,
-    "pd_runtime_reserve": runtime_reserve,
-    "pd_kv_budget_per_npu": kv_budget_per_npu,
-    "pd_kv_bytes_per_token": kv_bytes_per_token,
-    "pd_role_kv_budget": role_kv_budget,
-    "pd_ram_guidance": ram_guidance,
-}

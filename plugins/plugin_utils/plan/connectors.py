@@ -224,7 +224,7 @@ def kv_transfer_config(role_cfg, cluster, instance, row, offload_bytes):
     if not children:
         return None
     children, multi = apply_engine_names(children, role_cfg.get("kv_connector_engine"), role,
-                                          f"{cluster.get('name')}/{role}")
+                                         f"{cluster.get('name')}/{role}")
     if len(children) == 1 and not multi:
         return children[0]
     return {
@@ -263,9 +263,3 @@ def additional_config(role_cfg, row, extra=None):
             raise PdError(where, "row.recompute_scheduler_key", f"{key!r} is neither 'top' nor 'nested'",
                           "fix the row in plugins/plugin_utils/data/versions.yml")
     return out or None
-
-
-FILTERS = {
-    "pd_kv_transfer_config": kv_transfer_config,
-    "pd_additional_config": additional_config,
-}

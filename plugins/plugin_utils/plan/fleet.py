@@ -149,12 +149,9 @@ def _kv_figures(cluster, role, hosts, topo):
         per_host = {n: est["hosts"][n]["kv_per_npu_bytes"] * npus_used[n] for n in npus_used}
     else:
         share = capacity.ARTICLE_KV_SHARE
-        per_host = {h["name"]: int(h["hbm_per_npu_bytes"] * npus_used[h["name"]]
-                                   * sizes.check_number(eng["gpu_memory_utilization"], "gpu_memory_utilization",
-                                                        "pd_capacity") * share) for h in hosts}
-        per_npu = min(int(h["hbm_per_npu_bytes"] * sizes.check_number(eng["gpu_memory_utilization"],
-                                                                       "gpu_memory_utilization", "pd_capacity")
-                          * share) for h in hosts)
+        util = sizes.check_number(eng["gpu_memory_utilization"], "gpu_memory_utilization", "pd_capacity")
+        per_host = {h["name"]: int(h["hbm_per_npu_bytes"] * npus_used[h["name"]] * util * share) for h in hosts}
+        per_npu = min(int(h["hbm_per_npu_bytes"] * util * share) for h in hosts)
         basis = (f"article rule of thumb: HBM x gpu_memory_utilization x {share} (no weights data for model "
                  f"family {cluster['model'].get('family')!r} in plugins/plugin_utils/data/models.yml)")
         extra = {"weights_fit": None}
@@ -384,7 +381,7 @@ def plan_fleet(fleet):
     violations.extend(port_collisions(all_specs, address_of, ports.port_spaces(
         (name, machine, address) for name, (machine, address) in machine_of.items())))
     violations.extend(inventory.machine_violations(
-        [h for _, hosts in grouped.values() for h in hosts], all_specs))
+        [h for _cluster, hosts in grouped.values() for h in hosts], all_specs))
     violations.extend(ports.check(window_claims, across_clusters_only=True))
     violations = once(violations, {h["name"] for h in fleet["hosts"]})
     plan["violations"] = violations
@@ -429,9 +426,3 @@ def proxy_instances(specs, address_of):
 def human(n):
     """Bytes as a short binary size for summaries."""
     return sizes.to_human(n)
-
-
-FILTERS = {
-    "pd_fleet_plan": plan_fleet,
-    "pd_shape_violations": shape_violations,
-}

@@ -118,14 +118,14 @@ def port_spaces(hosts):
         return node
 
     rows = [(name, str(machine or address), str(address or machine)) for name, machine, address in hosts]
-    for _, machine, address in rows:
+    for _name, machine, address in rows:
         first, second = find(("machine", machine)), find(("address", address))
         if first != second:
             parent[second] = first
     names = {}
-    for _, machine, _ in rows:
+    for _name, machine, _address in rows:
         names.setdefault(find(("machine", machine)), machine)
-    return {name: names[find(("machine", machine))] for name, machine, _ in rows}
+    return {name: names[find(("machine", machine))] for name, machine, _address in rows}
 
 
 def port_space_of(topo, host_name, address=None):
@@ -336,4 +336,3 @@ def _kv_above(addr, group, across_clusters_only):
                          "random, top port included; vllm-ascend asks for kv_port above it)",
                          f"set {kv['field']} >= {high + 1}"))
     return out
-

@@ -1,12 +1,16 @@
 """The shape check of the inventory: JSON Schema errors (plugins/plugin_utils/schemas/*.schema.json) as violations an
 operator can act on, with dotted field paths, numbers quoted by mistake and NaN named as such."""
 
+import functools
 import math
 
-import jsonschema
-import jsonschema.validators
+try:
+    import jsonschema
+    import jsonschema.validators
+except ImportError:  # the collection's requirements.txt; the first shape check says so (_validator_class)
+    jsonschema = None
 
-from ..shared import datafiles, sizes, text
+from ..shared import datafiles, sizes
 from ..shared.errors import PdError
 from ..validate.violation import violation
 
@@ -30,10 +34,19 @@ def _strict_integer(checker, instance):
     return isinstance(instance, int) and not isinstance(instance, bool)
 
 
-#: Draft 2020-12 with the strict integer above (every schema of pd-deploy is checked with it).
-Validator = jsonschema.validators.extend(
-    jsonschema.Draft202012Validator,
-    type_checker=jsonschema.Draft202012Validator.TYPE_CHECKER.redefine("integer", _strict_integer))
+@functools.lru_cache(maxsize=None)
+def _validator_class(where):
+    """Draft 2020-12 with the strict integer above (every schema of pd-deploy is checked with it).
+
+    Built on first use, so that the filters load on a controller without jsonschema and the plan then
+    names the missing package, instead of Ansible skipping the whole filter plugin ("No filter named").
+    """
+    if jsonschema is None:
+        raise PdError(where, "jsonschema", "the package is not installed on the controller",
+                      "pip install -r requirements.txt of the collection pd.deploy (jsonschema>=4.26.0)")
+    return jsonschema.validators.extend(
+        jsonschema.Draft202012Validator,
+        type_checker=jsonschema.Draft202012Validator.TYPE_CHECKER.redefine("integer", _strict_integer))
 
 
 def _number_text(value):
@@ -122,7 +135,7 @@ def _explain(err, schema_name):
 
 def shape_violations(instance, schema_name, where, prefix=""):
     """Every JSON Schema error of ``instance`` as a violation, with a dotted field path."""
-    validator = Validator(schema(schema_name))
+    validator = _validator_class(where)(schema(schema_name))
     out = []
     for path in _non_finite(instance):
         field = ".".join(p for p in (prefix, *path) if p)

@@ -132,8 +132,3 @@ def version_row(version):
     row = copy.deepcopy(table[line])
     row["line"] = line
     return row
-
-
-FILTERS = {
-    "pd_version_row": version_row,
-}

@@ -404,16 +404,3 @@ def inventory_slug(sources):
         names.append(re.sub(r"[^A-Za-z0-9._-]", "_", base).strip(".") or "inventory")
     slug = "+".join(names) or "default"
     return f"{slug}-inventory" if slug in _RESERVED else slug
-
-
-FILTERS = {
-    "pd_inventory_slug": inventory_slug,
-    "pd_build_files": build_files,
-    "pd_rollout_summary": rollout_summary,
-    "pd_rollout_failed_hosts": failed_hosts,
-    "pd_rollout_failure_message": failure_message,
-    "pd_plan_failure_message": plan_failure_message,
-    "pd_plan_report": plan_report,
-    "pd_capacity_lines": capacity_lines,
-    "pd_capacity_files": capacity_files,
-}

@@ -208,7 +208,7 @@ def short_id(image_id):
 def _repository(ref):
     """``quay.io/ascend/vllm-ascend`` of ``quay.io/ascend/vllm-ascend:v1`` (a registry port is not a tag)."""
     name = str(ref).split("@", 1)[0]
-    head, _, tag = name.rpartition(":")
+    head, _sep, tag = name.rpartition(":")
     return head if head and "/" not in tag else name
 
 
@@ -435,21 +435,3 @@ def wiring_message(result, host, proxy):
             f"({result.get('error') or 'bound reached'}; added {json.dumps(result.get('added') or {})}, removed "
             f"{json.dumps(result.get('removed') or {})}, still missing {json.dumps(missing)}). Check that the new ranks "
             "answer /v1/models, then deploy again.")
-
-
-FILTERS = {
-    "pd_wiring_message": wiring_message,
-    "pd_orphans": orphans,
-    "pd_clean_log": clean_log,
-    "pd_docker_logs": docker_logs,
-    "pd_host_specs": host_specs,
-    "pd_containers_to_start": containers_to_start,
-    "pd_replacement_plan": replacement_plan,
-    "pd_probe_specs": probe_specs,
-    "pd_start_labels": start_labels,
-    "pd_health_checks": health_checks,
-    "pd_unhealthy_specs": unhealthy_specs,
-    "pd_rollback_message": rollback_message,
-    "pd_spec_ports": spec_ports,
-    "pd_port_conflicts": port_conflicts,
-}

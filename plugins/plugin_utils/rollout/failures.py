@@ -117,9 +117,3 @@ def proxy_answer_problems(name, result):
                if isinstance(c, dict)):
         return [f"{name}: completion through the proxy answered HTTP 200 with empty text in every choice — {fix}"]
     return []
-
-
-FILTERS = {
-    "pd_known_failures": scan_logs,
-    "pd_proxy_answer_problems": proxy_answer_problems,
-}

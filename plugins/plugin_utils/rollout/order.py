@@ -2,7 +2,6 @@
 found), their batches (``pd_cluster_batch``), the waves of ranks inside a cluster, and where each
 cluster's deploy lock lives. The plan (``plan.fleet.plan_fleet``) holds the batches it computes."""
 
-from ..shared import text
 from ..shared.errors import PdError
 from .containers import (containers_to_start, host_specs, moved_image_warnings, moved_images, orphans, spec_state,
                          start_reason, wiring_differs)
@@ -277,13 +276,3 @@ def entry_options(specs, passed=None):
                               "declare the option the same way in each role (or in one)")
             out[name] = option
     return out
-
-
-FILTERS = {
-    "pd_entry_options": entry_options,
-    "pd_rollout_targets": rollout_targets,
-    "pd_lock_hosts": lock_hosts,
-    "pd_rollout_waves": rollout_waves,
-    "pd_batch_probes": batch_probes,
-    "pd_cluster_batch_problem": cluster_batch_problem,
-}

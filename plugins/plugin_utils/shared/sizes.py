@@ -264,10 +264,3 @@ def to_human(n, where="pd_to_human"):
                 return f"1{_HUMAN_UNITS[power + 1]}"
             return f"{text}{_HUMAN_UNITS[power]}"
     raise AssertionError("unreachable: power 0 always returns")  # pragma: no cover
-
-
-FILTERS = {
-    "pd_to_bytes": to_bytes,
-    "pd_split_per_rank": split_per_rank,
-    "pd_to_human": to_human,
-}

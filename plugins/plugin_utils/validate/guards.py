@@ -52,7 +52,7 @@ def _flag_and_path(arg):
     if not isinstance(arg, str) or not arg.startswith("-") or arg in ("-", "--"):
         return None, None
     name = arg.split("=", 1)[0]
-    name, _, path = name.partition(".")
+    name, _sep, path = name.partition(".")
     path = path.rstrip("+") or None
     if not name.startswith("--"):
         return SHORT_FLAGS.get(name, name), path
@@ -186,6 +186,3 @@ def cluster_violations(cluster):
                                  f"set max_num_batched_tokens >= {seqs} (decode: about max_num_seqs x (1 + speculative "
                                  "tokens)) or lower max_num_seqs"))
     return out + owned_violations(cluster)
-
-
-FILTERS = {}

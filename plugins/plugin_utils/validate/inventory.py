@@ -222,6 +222,3 @@ def machine_violations(hosts, specs):
 
 def _ranges(ids):
     return ",".join(str(i) for i in ids[:8]) + (" ..." if len(ids) > 8 else "")
-
-
-FILTERS = {}

@@ -142,6 +142,3 @@ def _step_tokens(cluster, raw, role, hosts, reserve):
                   "so no weights or KV could load beside them",
                   f"set {role}.engine.max_num_batched_tokens to at most {min(fit, capacity.UPPER_BOUND)} "
                   f"(the article's 910B3 upper bound is {capacity.UPPER_BOUND})")]
-
-
-FILTERS = {}

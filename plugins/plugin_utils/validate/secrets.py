@@ -207,9 +207,3 @@ def auth_headers(api_key=None):
     """{"Authorization": "Bearer <key>"} when a key is set, else {} (requests to /v1 routes)."""
     key = None if api_key is None else str(api_key)
     return {"Authorization": f"Bearer {key}"} if key else {}
-
-
-FILTERS = {
-    "pd_secret_env": secret_env,
-    "pd_auth_headers": auth_headers,
-}

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """A short, fixed completion load through a PD proxy, for playbooks/tune.yml (standard library only).
 
 Sends --requests completions, --concurrency at a time, each with a distinct prompt of about
@@ -109,7 +108,7 @@ def run(args):
                 tokens[0] += generated
 
     start = time.monotonic()
-    threads = [threading.Thread(target=worker, daemon=True) for _ in range(max(1, args.concurrency))]
+    threads = [threading.Thread(target=worker, daemon=True) for _slot in range(max(1, args.concurrency))]
     for thread in threads:
         thread.start()
     for thread in threads:

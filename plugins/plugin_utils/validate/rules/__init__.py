@@ -111,9 +111,3 @@ def has_errors(vs):
         raise PdError("pd_has_errors", "violations", f"expected a list, got {type(vs).__name__}",
                       "pass the list pd_check_cluster returns")
     return any(isinstance(v, dict) and v.get("level") == "error" for v in vs)
-
-
-FILTERS = {
-    "pd_check_cluster": check_cluster,
-    "pd_format_violation": format_violation,
-}

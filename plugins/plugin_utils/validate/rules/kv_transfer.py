@@ -5,6 +5,7 @@ from ...plan import connectors, versions
 from ..violation import violation
 from .context import ROLES, _children, _dedupe, _instances, _is_int, _is_mooncake, _mooncake_on, _where
 
+
 def rule_mooncake_connector_name(ctx):
     """The Mooncake connector name must be one the version registers (MooncakeConnectorV1, ...)."""
     row = ctx["row"]
@@ -154,8 +155,8 @@ def _check_no_engine_id(ctx, where, role, config):
     row = ctx.get("row") or {}
     source = ((row.get("kv_peer_cache") or {}).get("sources") or ["plugins/plugin_utils/data/versions.yml"])[0]
     out = []
-    for path, holder in [("", config)] + [(f".connectors[{i}]", c) for i, c in enumerate(_children(config))
-                                             if c is not config]:
+    children = [(f".connectors[{i}]", c) for i, c in enumerate(_children(config)) if c is not config]
+    for path, holder in [("", config)] + children:
         if isinstance(holder, dict) and "engine_id" in holder:
             out.append(violation("error", where, f"{role}.kv_transfer_config{path}.engine_id",
                                  f"engine_id {holder['engine_id']!r} is fixed: a decode caches a prefill's KV "

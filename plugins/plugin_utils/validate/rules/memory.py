@@ -148,13 +148,13 @@ def rule_host_ram(ctx):
         key = ports.machine_of(ctx["topo"], name, host.get("address"))
         machines.setdefault(key, []).append((name, host))
     for machine, members in machines.items():
-        ram = min(host["ram_bytes"] for _, host in members)
+        ram = min(host["ram_bytes"] for _name, host in members)
         reserve = ctx["ram_reserve_bytes"]
         if reserve is None:
-            found = [h.get("ram_reserve_bytes") for _, h in members if _is_int(h.get("ram_reserve_bytes"))]
+            found = [h.get("ram_reserve_bytes") for _name, h in members if _is_int(h.get("ram_reserve_bytes"))]
             reserve = max(found) if found else DEFAULT_RAM_RESERVE_BYTES
         offload, roles = 0, set()
-        for _, host in members:
+        for _name, host in members:
             here = sorted({r.get("role") for r in host.get("ranks") or []} & set(ROLES))
             roles.update(here)
             for role in here:
@@ -163,7 +163,7 @@ def rule_host_ram(ctx):
                     offload += rcfg["cpu_offload_bytes"]
         roles = sorted(roles)
         name = members[0][0]
-        what = "host" if len(members) == 1 else f"machine {machine} ({', '.join(n for n, _ in members)})"
+        what = "host" if len(members) == 1 else f"machine {machine} ({', '.join(n for n, _host in members)})"
         guidance = capacity.ram_guidance(offload)
         if offload and offload + reserve <= ram < guidance:
             role = roles[0] if len(roles) == 1 else None

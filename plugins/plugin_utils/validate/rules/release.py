@@ -85,7 +85,7 @@ A3_CHIPS = ("ascend910",)
 
 def _split_image(image):
     """``(repository, tag)``; tag None when the reference has none (a registry port is not a tag)."""
-    name, _, tag = image.rpartition(":")
+    name, _sep, tag = image.rpartition(":")
     if not name or "/" in tag:
         return image, None
     return name, tag

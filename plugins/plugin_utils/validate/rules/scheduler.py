@@ -5,6 +5,7 @@ from ...plan import capacity
 from ..violation import violation
 from .context import ROLES, _is_int, _where
 
+
 def _engine_ints(engine, *keys):
     values = [engine.get(k) for k in keys]
     return values if all(_is_int(v) for v in values) else None

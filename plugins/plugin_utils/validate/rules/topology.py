@@ -6,6 +6,7 @@ from ...shared.errors import PdError
 from ..violation import violation
 from .context import ROLES, _instances, _is_int, _is_number, _overlap, _role_hosts, _where
 
+
 def _kv_claims(ctx):
     """(machine, lo, hi, role, index, host) of each Mooncake instance on each machine it runs on
     (host networking: ports are the machine's, however the inventory splits it into hosts)."""
@@ -30,7 +31,7 @@ def rule_kv_port_ranges(ctx):
     out = []
     claims = _kv_claims(ctx)
     for i, (addr, lo, hi, role, index, host) in enumerate(claims):
-        for o_addr, o_lo, o_hi, o_role, o_index, _ in claims[:i]:
+        for o_addr, o_lo, o_hi, o_role, o_index, _o_host in claims[:i]:
             if addr == o_addr and _overlap(lo, hi, o_lo, o_hi) and (role, index) != (o_role, o_index):
                 out.append(violation("error", _where(ctx, role, index, host), f"{role}.kv_port",
                                      f"kv ports {lo}..{hi - 1} overlap {o_role} instance {o_index}'s {o_lo}..{o_hi - 1} "
@@ -113,11 +114,11 @@ def rule_ports_unique(ctx):
     out = []
     claims = [c for c in _single_claims(ctx) if _is_int(c[1])]
     for i, (addr, port, label, field, where) in enumerate(claims):
-        for o_addr, o_port, o_label, _, _ in claims[:i]:
+        for o_addr, o_port, o_label, _o_field, _o_where in claims[:i]:
             if addr == o_addr and port == o_port:
                 out.append(violation("error", where, field, f"port {port} of {label} is also used by {o_label} on {addr}",
                                      "give each role distinct port_base / dp_rpc_port ranges and the proxy its own port"))
-        for k_addr, lo, hi, k_role, k_index, _ in _kv_claims(ctx):
+        for k_addr, lo, hi, k_role, k_index, _k_host in _kv_claims(ctx):
             if addr == k_addr and lo <= port < hi:
                 out.append(violation("error", where, field,
                                      f"port {port} of {label} lies in {k_role} instance {k_index}'s kv ports "

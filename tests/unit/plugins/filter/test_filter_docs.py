@@ -1,7 +1,10 @@
-"""The public filters have checked-in ansible-doc pages: plugins/filter/<name>.yml (issue 22, item 4).
+"""The public filters are exactly the used ones, each with a checked-in ansible-doc page:
+plugins/filter/<name>.yml (issue 22, item 4).
 
-Public = used by a role, a playbook or a Molecule scenario; each such filter needs a page with real
-types (never ``raw``) and examples, whose options are the function's own parameters. ansible-doc finds
+Public = applied by a role, a playbook, a Molecule scenario or the docs; a filter nothing applies is
+not exported (it stays a plain function of plugins/plugin_utils, which its tests call directly). Each
+public filter needs a page with real types (never ``raw``) and examples, whose options are the
+function's own parameters. ansible-doc finds
 the pages through ansible.cfg's ``filter_plugins`` path: ``ansible-doc -t filter pd_to_bytes``.
 """
 
@@ -59,6 +62,16 @@ def test_the_use_scan_finds_filters():
 def test_every_used_filter_has_a_page():
     missing = [name for name in used_filters() if name not in DOCS]
     assert not missing, f"filters used by roles/playbooks/scenarios without plugins/filter/<name>.yml: {missing}"
+
+
+def test_every_exported_filter_is_used():
+    unused = sorted(set(FILTERS) - set(used_filters()))
+    assert not unused, ("exported filters that no role, playbook, scenario or doc applies: drop them from "
+                        f"FilterModule.filters() (plugins/filter/pd.py) and their pages: {unused}")
+
+
+def test_every_exported_filter_has_a_page_and_every_page_an_exported_filter():
+    assert sorted(FILTERS) == DOCS
 
 
 @pytest.mark.parametrize("name", DOCS)

@@ -1,24 +1,16 @@
-"""plugins/filter/pd.py: every core filter is registered under a pd_ name, and works through real
-Ansible templating with the types it promises."""
+"""plugins/filter/pd.py: the public filters map pd_ names to the core's functions, and work through real
+Ansible templating with the types they promise; the core's other functions are not filters (which ones
+are public: test_filter_docs.py)."""
 
 import inspect
 import os
 
 import pytest
 
-from ansible_collections.pd.deploy.plugins.plugin_utils import ops
-from ansible_collections.pd.deploy.plugins.plugin_utils.hostcheck import compat, netchecks, prechecks
-from ansible_collections.pd.deploy.plugins.plugin_utils.ops import logparse
-from ansible_collections.pd.deploy.plugins.plugin_utils.plan import capacity, connectors, fleet, versions
-from ansible_collections.pd.deploy.plugins.plugin_utils.report import summary as report
-from ansible_collections.pd.deploy.plugins.plugin_utils.rollout import containers, failures, order
 from ansible_collections.pd.deploy.plugins.plugin_utils.shared import sizes
-from ansible_collections.pd.deploy.plugins.plugin_utils.validate import rules, secrets
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))))
-# ops is registered as one mapping; its steps are listed one by one so a name two steps claim is caught
-MODULES = (sizes, capacity, logparse, versions, connectors, rules, fleet, order, containers, report, prechecks, secrets,
-           *ops.STEPS, netchecks, failures, compat)
+CORE = "ansible_collections.pd.deploy.plugins.plugin_utils."
 GIB = 1024 ** 3
 
 
@@ -32,17 +24,19 @@ PLUGIN = load_plugin()
 FILTERS = PLUGIN.FilterModule().filters()
 
 
-@pytest.mark.parametrize("module", MODULES, ids=lambda m: m.__name__)
-def test_every_module_filter_is_registered_as_the_same_function(module):
-    assert module.FILTERS, f"{module.__name__} exports no filters"
-    for name, func in module.FILTERS.items():
-        assert FILTERS.get(name) is func, f"{name} of {module.__name__} is not registered"
+@pytest.mark.parametrize("name", sorted(FILTERS))
+def test_every_filter_is_a_function_of_the_core_or_the_hostvars_adapter(name):
+    func = FILTERS[name]
+    assert func.__module__.startswith(CORE) or func is PLUGIN.plan_from_hostvars, (name, func.__module__)
+    assert getattr(inspect.getmodule(func), func.__name__) is func, f"{name}: not a module-level function"
 
 
-def test_no_two_modules_claim_the_same_filter_name():
-    names = [n for m in MODULES for n in m.FILTERS] + ["pd_fleet_input", "pd_plan_from_hostvars"]
-    assert len(names) == len(set(names))
-    assert set(FILTERS) == set(names)
+def test_the_core_modules_register_nothing_themselves():
+    # the public surface is the one list in plugins/filter/pd.py, not whatever a module exports
+    from ansible_collections.pd.deploy.plugins.plugin_utils.ops import diagnosis
+    from ansible_collections.pd.deploy.plugins.plugin_utils.plan import capacity
+    for module in (sizes, capacity, diagnosis):
+        assert not hasattr(module, "FILTERS"), module.__name__
 
 
 @pytest.mark.parametrize("name", sorted(FILTERS))
@@ -60,6 +54,7 @@ def test_filters_returns_a_fresh_mapping():
 
 
 def test_fleet_input_reads_only_pd_variables_from_hostvars():
+    # not a filter itself: the first half of pd_plan_from_hostvars
     hostvars = {"h1": {"pd_cluster": {"name": "c"}, "pd_npus": 8, "ansible_host": "10.0.0.1",
                        "group_names": ["c", "prefill"], "secret_password": "x"}}
     got = PLUGIN.fleet_input(hostvars, ["h1"], limit=("h1",))
@@ -87,25 +82,32 @@ def render(templar, text):
 
 
 @pytest.mark.ansible
-def test_split_per_rank_through_ansible_gives_an_int(templar):
-    value = render(templar, "{{ offload | pd.deploy.pd_split_per_rank(npus) }}")
-    assert value == 200 * GIB // 8 == 26843545600
+def test_to_bytes_through_ansible_gives_an_int(templar):
+    value = render(templar, "{{ offload | pd.deploy.pd_to_bytes }}")
+    assert value == 200 * GIB == 214748364800
     assert type(value) is int
-    assert render(templar, '{{ "200GiB" | pd.deploy.pd_split_per_rank(8) | type_debug }}') == "int"
+    assert render(templar, '{{ "200GiB" | pd.deploy.pd_to_bytes | type_debug }}') == "int"
 
 
 @pytest.mark.ansible
 def test_to_bytes_through_ansible_supports_arithmetic(templar):
     assert render(templar, '{{ ("1.5GiB" | pd.deploy.pd_to_bytes) + 1 }}') == 3 * GIB // 2 + 1
-    assert render(templar, '{{ {"shm": "256gib" | pd.deploy.pd_to_bytes, "human": 274877906944 | pd.deploy.pd_to_human} }}') == {
-        "shm": 256 * GIB, "human": "256GiB"}
+    assert render(templar, '{{ {"shm": "256gib" | pd.deploy.pd_to_bytes, "npus": npus} }}') == {
+        "shm": 256 * GIB, "npus": 8}
 
 
 @pytest.mark.ansible
 def test_a_bad_value_through_ansible_is_a_readable_error_naming_the_filter(templar):
     with pytest.raises(Exception) as info:
-        render(templar, '{{ "200GiB" | pd.deploy.pd_split_per_rank(7) }}')
+        render(templar, '{{ "200G" | pd.deploy.pd_to_bytes }}')
     text = str(info.value)
-    assert "pd_split_per_rank: total:" in text
-    assert "does not divide over 7 ranks" in text
+    assert "pd_to_bytes: size:" in text
     assert "Traceback" not in text
+
+
+@pytest.mark.ansible
+@pytest.mark.parametrize("private", ["pd_split_per_rank", "pd_to_human", "pd_kv_budget", "pd_fleet_input"])
+def test_a_core_function_that_no_role_uses_is_no_filter(templar, private):
+    assert private not in FILTERS
+    with pytest.raises(Exception, match=f"pd.deploy.{private}"):
+        render(templar, '{{ "200GiB" | pd.deploy.%s(8) }}' % private)

@@ -265,9 +265,3 @@ class TestCluster:
 
     def test_devices_from_specs(self):
         assert netchecks.devices(specs(3, 1) + specs(1, 10)) == [1, 3, 10]
-
-
-def test_filters_registered():
-    from ansible_collections.pd.deploy.plugins.plugin_utils.hostcheck import netchecks as nc
-    assert set(nc.FILTERS) == {"pd_hccn_devices", "pd_hccn_problems", "pd_hccn_ping_targets",
-                               "pd_hccn_ping_request", "pd_hccn_ping_problems"}

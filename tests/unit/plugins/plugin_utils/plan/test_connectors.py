@@ -3,7 +3,6 @@
 import copy
 import json
 
-import jinja2
 import pytest
 
 from ansible_collections.pd.deploy.plugins.plugin_utils.plan import connectors, versions
@@ -283,25 +282,14 @@ def test_results_share_nothing_with_inputs():
 
 # ---- filters ----------------------------------------------------------------------------------
 
-def test_filters_dict():
-    assert connectors.FILTERS == {"pd_kv_transfer_config": connectors.kv_transfer_config,
-                                  "pd_additional_config": connectors.additional_config}
-
-
-def test_filters_through_jinja():
-    env = jinja2.Environment(undefined=jinja2.StrictUndefined)
-    env.filters.update(connectors.FILTERS)
-    env.filters.update(versions.FILTERS)
-    env.filters["to_json"] = lambda v: json.dumps(v, separators=(",", ":"))
+def test_article_d_rendered_through_json():
+    # what the launch spec carries: the connector config as JSON text, read back equal to the article's
     c = cluster()
-    text = env.from_string(
-        "{{ rcfg | pd_kv_transfer_config(cluster, inst, ver | pd_version_row, per_rank) | to_json }}|"
-        "{{ rcfg | pd_additional_config(ver | pd_version_row) | to_json }}"
-    ).render(rcfg=c["roles"]["decode"], cluster=c, inst=instance("decode", 30100), ver="0.25.1",
-             per_rank=26843545600)
-    kv, add = text.split("|")
-    assert json.loads(kv) == ARTICLE_D_RENDERED
-    assert json.loads(add) == {"scheduler_config": {"recompute_scheduler_enable": True}}
+    row = versions.version_row("0.25.1")
+    kv = connectors.kv_transfer_config(c["roles"]["decode"], c, instance("decode", 30100), row, 26843545600)
+    add = connectors.additional_config(c["roles"]["decode"], row)
+    assert json.loads(json.dumps(kv, separators=(",", ":"))) == ARTICLE_D_RENDERED
+    assert json.loads(json.dumps(add)) == {"scheduler_config": {"recompute_scheduler_enable": True}}
 
 
 # ---- <role>.kv_connector_engine: an engine that names the connectors differently (vLLM's CPU build)

@@ -131,10 +131,6 @@ def test_malformed_table_is_refused():
         versions._check_table(good)
 
 
-def test_filters():
-    assert versions.FILTERS == {"pd_version_row": versions.version_row}
-
-
 # the ref each row was checked at (versions.yml header): its kv_peer_cache lines must point there
 ROW_REFS = {"0.23": "v0.23.0", "0.24": "v0.24.0rc1", "0.25": "v0.25.1rc1", "0.26": "releases/v0.26.0rc", "main": "main"}
 

@@ -700,11 +700,6 @@ def test_rules_are_documented_and_all_registered():
     assert isinstance(rules.RULES, tuple)
 
 
-def test_filters():
-    assert rules.FILTERS == {"pd_check_cluster": rules.check_cluster,
-                             "pd_format_violation": rules.format_violation}
-
-
 # ---- issue 10 #2 / #3: upstream parity rules ------------------------------------------------------
 
 @pytest.mark.parametrize("version", ["0.23.0", "v0.24.0rc1", "0.25.1rc1", "0.26"])

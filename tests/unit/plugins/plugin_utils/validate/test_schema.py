@@ -172,3 +172,21 @@ def test_argument_specs_options_equal_role_defaults(role):
             assert option["default"] == defaults[name], f"roles/{role}: default of {name} differs"
         else:
             assert option.get("required") is True, f"roles/{role}: {name} has neither default nor required"
+
+
+def test_without_jsonschema_the_shape_check_names_the_missing_package(monkeypatch):
+    # the filters must still load (ansible-test sanity's import test; Ansible would skip the whole plugin)
+    # and the plan then says what to install, instead of "No filter named ..."
+    from ansible_collections.pd.deploy.plugins.plugin_utils.plan import shape
+    from ansible_collections.pd.deploy.plugins.plugin_utils.shared.errors import PdError
+    monkeypatch.setattr(shape, "jsonschema", None)
+    shape._validator_class.cache_clear()
+    try:
+        with pytest.raises(PdError) as info:
+            shape.shape_violations({}, "cluster.schema.json", "cluster_a")
+    finally:
+        monkeypatch.undo()
+        shape._validator_class.cache_clear()
+    assert (info.value.where, info.value.field) == ("cluster_a", "jsonschema")
+    assert "requirements.txt" in str(info.value)
+    assert shape.shape_violations({}, "cluster.schema.json", "cluster_a")  # back with the package: violations
