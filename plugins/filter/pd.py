@@ -17,7 +17,7 @@ from ansible_collections.pd.deploy.plugins.plugin_utils.ops import logparse
 from ansible_collections.pd.deploy.plugins.plugin_utils.plan import capacity, connectors, fleet, versions
 from ansible_collections.pd.deploy.plugins.plugin_utils.plan.fleet import HOST_VARS
 from ansible_collections.pd.deploy.plugins.plugin_utils.report import summary as report
-from ansible_collections.pd.deploy.plugins.plugin_utils.rollout import containers, failures, order
+from ansible_collections.pd.deploy.plugins.plugin_utils.rollout import containers, failures, order, selection
 from ansible_collections.pd.deploy.plugins.plugin_utils.shared import sizes
 from ansible_collections.pd.deploy.plugins.plugin_utils.validate import rules, secrets
 from ansible_collections.pd.deploy.plugins.plugin_utils.validate.inventory import HOST_PATH_VARS
@@ -129,7 +129,7 @@ class FilterModule:
     def filters(self):
         out = {}
         for module in (sizes, capacity, logparse, versions, connectors, rules, fleet, order, containers, report,
-                       prechecks, ops, secrets, netchecks, failures, compat):
+                       prechecks, ops, secrets, netchecks, failures, compat, selection):
             out.update(module.FILTERS)
         out["pd_fleet_input"] = fleet_input
         out["pd_plan_from_hostvars"] = plan_from_hostvars
