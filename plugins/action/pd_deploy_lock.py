@@ -13,6 +13,13 @@ whether that run still exists. A lock held by another run:
   holder cannot be proven alive) or held from another controller (cannot be checked from here) ->
   refused with the holder named, why, and the way to break it: -e pd_deploy_break_lock=true. A lock
   is never broken without that flag.
+
+``pd_deploy_break_lock`` may also NAME the holder to break: its run id (``<controller>:<pid>:<start>``,
+printed in the refusal) or, for a run of an AWX / Automation Platform job, the job's id (``awx_job_id``,
+recorded as ``job``). Then only a lock held by that run is broken (unless it is live here); a lock held
+by any other run, such as a live job on another controller, is refused as without the flag. That is the
+way to release the lock of a killed job, whose controller (the job's pod) is gone and cannot be checked,
+without the blanket switch that would also break the lock of a job running elsewhere.
 """
 
 import datetime
@@ -35,6 +42,35 @@ def process_start(pid):
             return int(handle.read().rsplit(")", 1)[1].split()[19])
     except (OSError, ValueError, IndexError):
         return None
+
+
+#: the values of pd_deploy_break_lock read as the switch (anything else names a holder)
+_SWITCH = {"true", "false", "yes", "no", "on", "off", "1", "0", "y", "n", "t", "f", ""}
+
+
+def break_request(value):
+    """(break any non-live holder, the holder named or None) from ``pd_deploy_break_lock``: a boolean is
+    the switch; another text names the run id or AWX job id of the one holder to break."""
+    if value is None or isinstance(value, bool) or str(value).strip().lower() in _SWITCH:
+        return boolean(value if value is not None else False, strict=False), None
+    return False, str(value).strip()
+
+
+def names_holder(holder, named):
+    """Whether ``named`` is the holder's run id or its AWX job id."""
+    if not holder or not named:
+        return False
+    return named in (str(holder.get("run_id") or ""), str(holder.get("job") or ""),
+                     f"awx-{holder.get('job')}" if holder.get("job") else "")
+
+
+def job_of(task_vars):
+    """The AWX / Automation Platform job id of this run (its extra vars awx_job_id / tower_job_id), or None."""
+    for key in ("awx_job_id", "tower_job_id"):
+        value = (task_vars or {}).get(key)
+        if value not in (None, ""):
+            return str(value)
+    return None
 
 
 def this_run(now=None):
@@ -90,8 +126,16 @@ def _alive(pid, start):
 def describe(holder):
     if not holder:
         return "an unreadable lock file (a run killed while writing it)"
+    job = f", AWX job {holder['job']}" if holder.get("job") else ""
     return (f"{holder.get('user', '?')}@{holder.get('controller', '?')}, ansible-playbook pid {holder.get('pid', '?')}, "
-            f"started {holder.get('started', '?')}")
+            f"started {holder.get('started', '?')}{job}")
+
+
+def holder_name(holder):
+    """What to give pd_deploy_break_lock to break this holder's lock alone: its AWX job id, else its run id."""
+    if not holder:
+        return ""
+    return str(holder.get("job") or holder.get("run_id") or "")
 
 
 def pid_now(holder, name=None):
@@ -111,8 +155,9 @@ BROKEN_WHY = {
 }
 
 
-def refusal(cluster, lock_host, path, holder, state, break_asked):
-    """The message of a deploy that finds the cluster locked by another run."""
+def refusal(cluster, lock_host, path, holder, state, break_asked, named=None):
+    """The message of a deploy that finds the cluster locked by another run (``named``: the holder that
+    pd_deploy_break_lock named, when it is not this one)."""
     who = describe(holder)
     head = f"cluster {cluster}: its deploy lock ({lock_host}:{path}) is held by another run: {who}."
     if state == "live":
@@ -133,8 +178,13 @@ def refusal(cluster, lock_host, path, holder, state, break_asked):
         why = ("It cannot be checked from this controller; if no deploy of this cluster runs (check "
                f"with {holder.get('user', 'its user') if holder else 'its owner'} on "
                f"{holder.get('controller', 'that controller') if holder else 'the controller that ran it'}),")
-    return (f"{head}{pid_now(holder) if state != 'unknown' else ''} {why} Re-run with -e pd_deploy_break_lock=true to "
-            "break it; this cluster was not touched.")
+    name = holder_name(holder)
+    only = (f" (or -e pd_deploy_break_lock={name} to break this run's lock and no other)" if name else "")
+    other = (f" pd_deploy_break_lock names {named}, not this holder (run id {holder.get('run_id', '?')}"
+             + (f", AWX job {holder['job']}" if holder.get("job") else "") + "): nothing was broken."
+             if named and holder else "")
+    return (f"{head}{pid_now(holder) if state != 'unknown' else ''}{other} {why} Re-run with -e pd_deploy_break_lock=true"
+            f" to break it{only}; this cluster was not touched.")
 
 
 class ActionModule(ActionBase):
@@ -146,9 +196,12 @@ class ActionModule(ActionBase):
         task_vars = task_vars or {}
         result = super().run(tmp, task_vars)
         args = dict(self._task.args)
-        break_asked = boolean(args.pop("break_lock", task_vars.get("pd_deploy_break_lock", False)), strict=False)
+        break_any, named = break_request(args.pop("break_lock", task_vars.get("pd_deploy_break_lock", False)))
         host = args.pop("lock_host", None) or task_vars.get("inventory_hostname", "?")
         run = task_vars.get("_pd_deploy_lock_run") or this_run()
+        job = job_of(task_vars)
+        if job and not run.get("job"):
+            run = dict(run, job=job)
         args["holder"] = run
         module = self._task.action or "pd_deploy_lock"
         got = self._execute_module(module, module_args=args, task_vars=task_vars)
@@ -159,6 +212,8 @@ class ActionModule(ActionBase):
             result.update(got)
             return result
         state = holder_state(holder, run["controller"])
+        # the switch breaks any holder that is not live; a name only the holder it names
+        break_asked = break_any or names_holder(holder, named)
         if break_asked and state != "live" and mode == "checked":
             result.update(got)
             return result
@@ -171,6 +226,7 @@ class ActionModule(ActionBase):
             result.update(got)
             return result
         # lock_refused: the deploy's report says this cluster was not touched, held by that run
-        raise AnsibleActionFail(refusal(args.get("cluster"), host, got.get("path"), holder, state, break_asked),
+        raise AnsibleActionFail(refusal(args.get("cluster"), host, got.get("path"), holder, state, break_asked,
+                                        None if break_asked else named),
                                 result={"lock_refused": True, "cluster": args.get("cluster"), "holder": holder,
                                         "holder_state": state, "held_by": describe(holder)})

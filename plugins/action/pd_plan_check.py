@@ -32,14 +32,15 @@ _VALID = frozenset(("plan", "inventory", "cluster_hosts", "demo", "refuse_demo",
 
 
 def check(plan, inventory, cluster_hosts, demo=False, refuse_demo=False, build_dir="", render_specs=False,
-          write=None, cluster_batch=None, parallel_clusters=False):
+          write=None, cluster_batch=None, parallel_clusters=False, dry_run=False):
     """The task's result: {failed, msg[, inventory, violations]} or {msg (the capacity lines), inventory,
     changed, written, removed[, violations (the warnings)][, owner_was]}.
 
     ``write(files, root, owner)`` -> (changed, removed, previous owner) is pd_write_files' sync_files;
     with an empty ``build_dir`` nothing is written (pd_plan_write_reports: false). ``cluster_batch``
     (deploy-pd.yml's pd_cluster_batch; None: not given) is refused after the plan's own checks, before
-    anything is written and any host is probed.
+    anything is written and any host is probed. With ``dry_run`` (--check) ``write`` is pd_write_files'
+    preview_files: nothing is written, the result says what would change (``would_write``, ``would_remove``).
     """
     problem = report.inventory_problem(inventory, cluster_hosts, demo, refuse_demo)
     if problem:
@@ -62,7 +63,13 @@ def check(plan, inventory, cluster_hosts, demo=False, refuse_demo=False, build_d
         changed, removed, old_owner = write(files, build_dir, owner)
         if old_owner and owner and old_owner != owner:
             result["owner_was"] = old_owner
-        result.update(changed=bool(changed or removed), written=len(changed), removed=removed)
+        if dry_run:
+            del result["written"], result["removed"]
+            result.update(changed=bool(changed or removed), would_write=changed, would_remove=removed,
+                          check_mode=f"--check: nothing written under {build_dir} ({len(changed)} file(s) would "
+                                     f"change, {len(removed)} would be removed)")
+        else:
+            result.update(changed=bool(changed or removed), written=len(changed), removed=removed)
     if plan["messages"]:
         # one block of text (printed unwrapped, a warning on one line), as the failure's
         result["violations"] = report.plan_report(plan)
@@ -77,7 +84,7 @@ class ActionModule(ActionBase):
     TRANSFERS_FILES = False
     _VALID_ARGS = _VALID
     _requires_connection = False
-    # controller files only: written under --check too (the review files of the plan)
+    # under --check nothing is written: the result says which files would change (pd_write_files.preview_files)
     _supports_check_mode = True
 
     def run(self, tmp=None, task_vars=None):
@@ -98,8 +105,10 @@ class ActionModule(ActionBase):
         build_dir = str(args.get("build_dir") or "")
         try:
             out = check(args["plan"], inventory, hosts, flags["demo"], flags["refuse_demo"], build_dir,
-                        flags["render_specs"], write=pd_write_files.sync_files,
-                        cluster_batch=args.get("cluster_batch"), parallel_clusters=flags["parallel_clusters"])
+                        flags["render_specs"],
+                        write=pd_write_files.preview_files if self._play_context.check_mode else pd_write_files.sync_files,
+                        cluster_batch=args.get("cluster_batch"), parallel_clusters=flags["parallel_clusters"],
+                        dry_run=bool(self._play_context.check_mode))
         except ValueError as exc:
             raise AnsibleActionFail(f"pd_plan_check: build_dir: {exc} — write under build_dir") from exc
         except OSError as exc:
@@ -107,8 +116,9 @@ class ActionModule(ActionBase):
                                     "(pd_plan_build_dir)") from exc
         old_owner = out.pop("owner_was", None)
         if old_owner:  # pd_write_files' warning, word for word
-            display.warning(f"{build_dir} held the output of inventory {old_owner}; replaced by the output of "
-                            f"{', '.join(map(str, inventory))} (-e pd_plan_build_dir=<dir> keeps both)")
+            display.warning(f"{build_dir} held the output of inventory {old_owner}; "
+                            + ("--check: it would be replaced by" if self._play_context.check_mode else "replaced by")
+                            + f" the output of {', '.join(map(str, inventory))} (-e pd_plan_build_dir=<dir> keeps both)")
         result.update(out)
         # shown like debug's msg: the inventory checked, the capacity summary and the warnings
         result["_ansible_verbose_always"] = True

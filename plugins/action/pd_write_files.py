@@ -91,6 +91,28 @@ def sync_files(files, root, owner=None, mode=0o644):
     return changed, removed, old_owner
 
 
+def preview_files(files, root, owner=None, mode=0o644):  # noqa: ARG001 (sync_files' signature)
+    """What sync_files would do, writing nothing (--check): (paths whose content would change, paths of the
+    previous run's files that would be removed, previous owner)."""
+    root = os.path.abspath(root)
+    keep = {_relative(root, f["path"]) for f in files}
+    old_owner, old = read_manifest(root)
+    changed = []
+    for entry in files:
+        try:
+            with open(entry["path"], encoding="utf-8") as handle:
+                if handle.read() == entry["content"]:
+                    continue
+        except (FileNotFoundError, NotADirectoryError):
+            pass
+        changed.append(entry["path"])
+    removed = [os.path.normpath(os.path.join(root, rel)) for rel in old
+               if rel not in keep and not os.path.isabs(rel)
+               and os.path.normpath(os.path.join(root, rel)).startswith(root + os.sep)
+               and os.path.isfile(os.path.join(root, rel))]
+    return changed, removed, old_owner
+
+
 class ActionModule(ActionBase):
     """``pd_write_files: {files: [{path, content}], mode: "0644", root: <dir>, owner: <str>}`` — on the controller."""
 

@@ -20,7 +20,7 @@ from ansible_collections.pd.deploy.plugins.plugin_utils.ops import (
 from ansible_collections.pd.deploy.plugins.plugin_utils.plan import fleet
 from ansible_collections.pd.deploy.plugins.plugin_utils.plan.fleet import HOST_VARS
 from ansible_collections.pd.deploy.plugins.plugin_utils.report import summary as report
-from ansible_collections.pd.deploy.plugins.plugin_utils.rollout import containers, failures, order
+from ansible_collections.pd.deploy.plugins.plugin_utils.rollout import containers, failures, order, selection
 from ansible_collections.pd.deploy.plugins.plugin_utils.shared import sizes
 from ansible_collections.pd.deploy.plugins.plugin_utils.validate import secrets
 from ansible_collections.pd.deploy.plugins.plugin_utils.validate.inventory import HOST_PATH_VARS
@@ -151,6 +151,8 @@ class FilterModule:
             "pd_rollout_targets": order.rollout_targets,
             "pd_lock_hosts": order.lock_hosts,
             "pd_rollout_waves": order.rollout_waves,
+            "pd_tag_selection": selection.tag_selection,
+            "pd_tag_problems": selection.tag_problems,
             "pd_batch_probes": order.batch_probes,
             "pd_host_specs": containers.host_specs,
             "pd_replacement_plan": containers.replacement_plan,

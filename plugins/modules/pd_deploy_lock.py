@@ -27,16 +27,20 @@ options:
     choices: [acquired, released, checked]
     default: acquired
   holder:
-    description: This run ({run_id, controller, user, pid, pid_start, started}); set by the action plugin.
+    description: This run ({run_id, controller, user, pid, pid_start, started, and job, the AWX job id, when
+      the run is an AWX / Automation Platform job}); set by the action plugin.
     type: dict
     required: true
   lock_host:
     description: The host the lock is on, for messages (read by the action plugin only).
     type: str
   break_lock:
-    description: Break a lock held by a run that is not alive on this controller (action plugin only;
-      default the variable C(pd_deploy_break_lock)).
-    type: bool
+    description:
+      - Break a lock held by a run that is not alive on this controller (action plugin only; default the
+        variable C(pd_deploy_break_lock)).
+      - A text other than a boolean names the one holder to break - its run id, or the AWX job id it
+        recorded (C(awx_job_id)) - and any other holder's lock is refused as without it.
+    type: raw
   force:
     description: Replace a lock held by another run (pd_deploy_break_lock); the old holder is returned.
     type: bool

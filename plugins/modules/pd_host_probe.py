@@ -65,6 +65,18 @@ options:
     type: list
     elements: dict
     default: []
+  diff_specs:
+    description:
+      - Launch specs of the host (the plan's, engine ranks and proxy) to compare with what runs, for C(--check --diff).
+        Each spec whose container does not run it (absent, stopped, another spec hash), and each labelled container
+        of the specs' host and cluster that no spec names (a dropped rank, removed by a deploy), is read with Docker's
+        inspect and returned in RV(diff) - image, command (one flag per line), env (secrets as their redaction),
+        devices, mounts, shm, network, privileges, restart policy, spec hash and state, before and after.
+      - In check mode the task then reports changed (a deploy would change these containers), and Ansible prints the
+        differences with C(--diff). Empty (the default) reads nothing more.
+    type: list
+    elements: dict
+    default: []
   probe_timeout:
     description: Seconds to keep probing the health URL of a container that runs its current spec.
     type: float
@@ -153,6 +165,12 @@ health:
   description: For each O(containers) entry running its current hash, the probe result (name, url, ok, status, error).
   type: list
   returned: always
+diff:
+  description: With O(diff_specs), Ansible's diff (before_header, before, after_header, after) of each container a deploy
+    would change - before what runs (no container - empty), after its launch spec (removed - empty); secrets redacted.
+  type: list
+  elements: dict
+  returned: when O(diff_specs) finds a container to change
 wiring:
   description: For each O(containers) entry with a C(wiring_url) (a PD proxy) running its current hash, the instances
     it serves now ({name -> {prefill, decode}}, or {name -> {error}}), read with an empty C(/instances/add), which
@@ -173,6 +191,7 @@ from concurrent.futures import ThreadPoolExecutor
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.pd.deploy.plugins.module_utils.pd_drain import listed_instances, load_serving, serving_view, started_at
 from ansible_collections.pd.deploy.plugins.module_utils.pd_http import docker, wait_all
+from ansible_collections.pd.deploy.plugins.module_utils.pd_launch import container_diff, dropped
 
 LISTEN = "0A"
 
@@ -285,6 +304,39 @@ def read_wiring(specs, containers, timeout, docker_socket=""):
                 if s.get("serving_file") else {}
             out[s["name"]] = listed if "error" in listed else serving_view(listed, s.get("backends") or {}, serving)
     return out
+
+
+def spec_diffs(socket_path, specs, containers):
+    """Ansible diff dicts of the containers a deploy would change on this host (O(diff_specs)): the specs not
+    running under their name, and the dropped ranks a deploy removes; each read with Docker's inspect."""
+    running = {c["name"]: c["hash"] for c in containers if c["running"]}
+    images = {}
+
+    def inspect(name):
+        status, body, error = docker(socket_path, "GET", f"/containers/{urllib.parse.quote(name, safe='')}/json")
+        return body if not error and status == 200 and isinstance(body, dict) else None
+
+    def image_env(found):
+        ref = (found or {}).get("Image") or ""
+        if ref and ref not in images:
+            status, body, error = docker(socket_path, "GET", f"/images/{urllib.parse.quote(ref, safe='/:@')}/json")
+            images[ref] = ((body or {}).get("Config") or {}).get("Env") or [] \
+                if not error and status == 200 and isinstance(body, dict) else []
+        return images.get(ref, [])
+
+    out = []
+    for spec in specs:
+        if running.get(spec.get("name")) == (spec.get("labels") or {}).get("pd.spec-hash"):
+            continue
+        found = inspect(spec["name"])
+        diff = container_diff(spec["name"], spec, found, image_env(found))
+        if diff:
+            out.append(diff)
+    for name in dropped(specs, containers):
+        found = inspect(name)
+        if found is not None:
+            out.append(container_diff(name, None, found, image_env(found)))
+    return [d for d in out if d]
 
 
 class ToolRunner:
@@ -429,6 +481,7 @@ def main():
             "disk_path": {"type": "str", "default": ""},
             "images": {"type": "list", "elements": "str", "default": []},
             "containers": {"type": "list", "elements": "dict", "default": []},
+            "diff_specs": {"type": "list", "elements": "dict", "default": []},
             "probe_timeout": {"type": "float", "default": 10.0},
             "probe_interval": {"type": "float", "default": 2.0},
         },
@@ -477,6 +530,10 @@ def main():
             "health": health,
             "wiring": wiring,
         }
+    # --check --diff: what a deploy would change here, as Ansible's diff (printed only for a changed result)
+    diffs = spec_diffs(sock, p["diff_specs"], containers) if ok and p["diff_specs"] else []
+    if diffs:
+        result.update(diff=diffs, changed=module.check_mode)
     module.exit_json(**result)
 
 

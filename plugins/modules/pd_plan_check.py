@@ -61,7 +61,8 @@ attributes:
   check_mode:
     description: Can run in check mode and return changed status prediction without modifying target.
     support: full
-    details: The files are controller-side review files; pd_plan writes them under --check too.
+    details: Under --check nothing is written; the result lists the files that would change (C(would_write),
+      C(would_remove)) and says so (C(check_mode)).
   diff_mode:
     description: Will return details on what has changed (or possibly needs changing in check mode), when in diff mode.
     support: none
@@ -76,7 +77,6 @@ EXAMPLES = r"""
     cluster_hosts: "{{ groups['pd_clusters'] | default([]) | length }}"
     build_dir: "{{ pd_plan_build_dir }}"
   run_once: true
-  check_mode: false
 """
 
 RETURN = r"""
@@ -104,4 +104,18 @@ removed:
   type: list
   elements: str
   returned: success
+would_write:
+  description: Under --check, the files whose content would change (nothing is written).
+  type: list
+  elements: str
+  returned: success in check mode
+would_remove:
+  description: Under --check, the previous run's files that would be removed.
+  type: list
+  elements: str
+  returned: success in check mode
+check_mode:
+  description: Under --check, that nothing was written and how many files would change.
+  type: str
+  returned: success in check mode
 """

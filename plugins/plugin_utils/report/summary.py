@@ -139,7 +139,8 @@ def capacity_files(plan):
     return out
 
 
-def rollout_summary(plan, play_hosts, targets=None, dry_run=False, outcomes=None, probes=None):
+def rollout_summary(plan, play_hosts, targets=None, dry_run=False, outcomes=None, probes=None, prechecks=None,
+                    rollout_skipped=False):
     """The deploy's closing report: per cluster of the play, what it became and each container's state.
 
     ``targets`` is pd_rollout_targets (None: render-only, the containers are only listed). With it, each
@@ -154,7 +155,15 @@ def rollout_summary(plan, play_hosts, targets=None, dry_run=False, outcomes=None
     the image it runs (or is started from: ``targets["images"]``; after a failure, as read again), marked
     when its tag names another image now; the WARNING lines of moved tags (``targets["warnings"]``) close
     the report. Returns the report's lines.
+
+    ``prechecks`` ({"probes": {host: the prechecks' pd_host_probe result}, "verdicts": {host: the result of
+    their check}}, a host missing or {} where it never got there) is passed when the prechecks did not end (``targets`` is
+    None outside a render): the report then names the problems found and the hosts that could not be read,
+    and every cluster as not touched, instead of listing containers nobody looked at.
+    ``rollout_skipped``: this run's --tags / --skip-tags left out the rollout (a cluster to change says so).
     """
+    if targets is None and prechecks is not None:
+        return precheck_report(plan, play_hosts, prechecks)
     hosts = set(play_hosts or [])
     failed = failed_hosts(targets, outcomes) if targets is not None and outcomes is not None and not dry_run else []
     locked = locked_clusters(outcomes) if failed else {}
@@ -182,7 +191,7 @@ def rollout_summary(plan, play_hosts, targets=None, dry_run=False, outcomes=None
             # the prechecks' reading is old news after a failure (a daemon restart, a lost host): read again
             out.extend(_unchanged_after_failure(name, specs, observed))
             continue
-        out.append(_cluster_head(name, targets, changed, dry_run))
+        out.append(_cluster_head(name, targets, changed, dry_run, rollout_skipped))
         reasons = (targets or {}).get("reasons") or {}
         for host, spec, label in specs:
             why = (reasons.get(host) or {}).get(spec["name"])
@@ -190,9 +199,54 @@ def rollout_summary(plan, play_hosts, targets=None, dry_run=False, outcomes=None
                        + _image_note(targets, host, spec["name"]))
         if name in changed:
             removed = (targets or {}).get("removed") or {}
-            out.extend(f"  {'would remove' if dry_run else 'removed'} {c} on {h}: its instance is no longer in the"
+            out.extend(f"  {'would remove' if dry_run or rollout_skipped else 'removed'} {c} on {h}: its instance is no longer in the"
                        " inventory (taken out of the proxy first)" for h in summary["hosts"] for c in removed.get(h, []))
     return out + _unreachable_lines(observed) + list((targets or {}).get("warnings") or [])
+
+
+def _result_lines(result):
+    """The lines of a task result's message (a list or a text), without blank ones."""
+    msg = (result or {}).get("msg") if isinstance(result, dict) else None
+    if isinstance(msg, (list, tuple)):
+        msg = "\n".join(str(m) for m in msg)
+    return [line.rstrip() for line in str(msg or "").splitlines() if line.strip()]
+
+
+def precheck_report(plan, play_hosts, prechecks):
+    """The closing report of a deploy that stopped before its rollout: in the prechecks (a host's problems,
+    a host that could not be reached or read) or before them. Nothing was touched, so no container is
+    listed as if it ran: each cluster is named as not touched, with the problems and the lost hosts."""
+    probes = (prechecks or {}).get("probes") or {}
+    verdicts = (prechecks or {}).get("verdicts") or {}
+    problems, lost, unjudged = [], [], []
+    for host in plan["hosts"]:
+        probe, verdict = probes.get(host) or None, verdicts.get(host) or None
+        if isinstance(probe, dict) and (probe.get("unreachable") or probe.get("failed")):
+            why = " ".join(" ".join(_result_lines(probe)).split())[:300] or "no answer"
+            lost.append(f"  {host}: {'unreachable' if probe.get('unreachable') else 'its probe failed'}: {why}")
+        elif isinstance(verdict, dict) and verdict.get("failed"):
+            problems.extend(f"  {line}" if line.startswith(f"{host}:") else f"  {host}: {line}"
+                            for line in _result_lines(verdict))
+        elif not isinstance(verdict, dict):
+            unjudged.append(host)
+    if not problems and not lost:
+        head = ["DEPLOY STOPPED before its rollout (see the failed task above); no container was touched"]
+    else:
+        head = ["DEPLOY STOPPED IN THE PRECHECKS: no container was touched (every host is checked before any "
+                "changes)"]
+    out = list(head)
+    if problems:
+        out += ["Problems found (fix each, then deploy again):"] + problems
+    if lost:
+        out += ["Hosts that could not be read (bring them back, or leave their cluster out with --limit):"] + lost
+    if unjudged and (problems or lost):
+        out.append("Not judged (one host that fails or cannot be reached stops the prechecks of all): "
+                   f"{', '.join(unjudged)}")
+    hosts = set(play_hosts or []) | set(probes) | set(verdicts)
+    for name, summary in plan["clusters"].items():
+        if hosts.intersection(summary["hosts"]):
+            out.append(f"{name}: not touched: the deploy stopped before its rollout")
+    return out
 
 
 def _image_note(targets, host, name):
@@ -211,9 +265,11 @@ def failed_hosts(targets, outcomes):
     return [h for h in (targets or {}).get("hosts") or [] if not (outcomes.get(h) or {}).get("done")]
 
 
-def _cluster_head(name, targets, changed, dry_run):
+def _cluster_head(name, targets, changed, dry_run, rollout_skipped=False):
     if targets is None:
         return f"{name}:"
+    if name in changed and rollout_skipped:
+        return f"{name}: would be rolled out, not rolled: this run's --tags / --skip-tags leave out the rollout"
     if name in changed:
         return f"{name}: would be rolled out (--check: nothing was changed)" if dry_run else f"{name}: rolled out"
     return f"{name}: unchanged (every container runs its launch spec and answered its health URL)"

@@ -154,3 +154,48 @@ def test_a_lock_from_another_controller_is_refused_then_broken_on_request(tmp_pa
     assert lock(tmp_path, "-e", "pd_deploy_break_lock=true")["broken"] == other
     # a lock of another cluster is another file
     assert lock(tmp_path, cluster="cluster_b")["acquired"]
+
+
+@pytest.mark.parametrize("value, expected", [
+    (True, (True, None)), ("true", (True, None)), ("no", (False, None)), (None, (False, None)), ("", (False, None)),
+    ("ctl2:1:1", (False, "ctl2:1:1")), (" 4711 ", (False, "4711")), ("awx-4711", (False, "awx-4711")),
+])
+def test_the_break_switch_or_a_named_holder(value, expected):
+    assert action.break_request(value) == expected
+
+
+def test_a_name_matches_the_run_id_or_the_awx_job_only():
+    holder = {"run_id": "pod-1:12:345", "job": "4711"}
+    assert action.names_holder(holder, "pod-1:12:345") and action.names_holder(holder, "4711")
+    assert action.names_holder(holder, "awx-4711")
+    assert not action.names_holder(holder, "4712") and not action.names_holder(holder, "pod-1")
+    assert not action.names_holder({}, "4711") and not action.names_holder(holder, None)
+    assert action.job_of({"awx_job_id": 4711}) == "4711" and action.job_of({"tower_job_id": "9"}) == "9"
+    assert action.job_of({}) is None
+
+
+def test_the_refusal_names_the_holder_to_give_and_a_wrong_name():
+    holder = {"run_id": "pod-1:12:345", "job": "4711", "user": "awx", "controller": "pod-1", "pid": 12,
+              "started": "2026-12-01T10:02:00Z"}
+    text = action.refusal("cluster_a", "a-p0", "/l", holder, "unknown", False)
+    assert "AWX job 4711" in text and "-e pd_deploy_break_lock=4711 to break this run's lock and no other" in text
+    wrong = action.refusal("cluster_a", "a-p0", "/l", holder, "unknown", False, "4712")
+    assert "pd_deploy_break_lock names 4712, not this holder (run id pod-1:12:345, AWX job 4711): nothing was broken" in wrong
+
+
+@pytest.mark.ansible
+def test_a_killed_awx_jobs_lock_is_broken_by_naming_it_and_no_other(tmp_path):
+    # a job killed in AWX: its pod (controller) is gone, so its lock cannot be checked from here
+    killed = {"run_id": "awx-pod-a:12:345", "controller": "awx-pod-a", "user": "awx", "pid": 12, "pid_start": 345,
+              "started": "2026-12-01T10:02:00Z", "job": "4711"}
+    live = dict(killed, run_id="awx-pod-b:12:999", controller="awx-pod-b", job="4712")
+    (tmp_path / "cluster_a.lock").write_text(json.dumps(killed))
+    (tmp_path / "cluster_b.lock").write_text(json.dumps(live))
+    # naming the killed job breaks its lock, and only its lock: the live job's stays
+    wrong = lock(tmp_path, "-e", "pd_deploy_break_lock=4711", cluster="cluster_b")
+    assert wrong["failed"] and "names 4711, not this holder" in wrong["msg"]
+    assert json.loads((tmp_path / "cluster_b.lock").read_text()) == live
+    broke = lock(tmp_path, "-e", "pd_deploy_break_lock=4711", "-e", "awx_job_id=4800")
+    assert broke["acquired"] and broke["broken"] == killed and "AWX job 4711" in broke["msg"]
+    # the new holder records this run's AWX job, what the next refusal names
+    assert json.loads((tmp_path / "cluster_a.lock").read_text())["job"] == "4800"

@@ -140,13 +140,34 @@ def test_no_build_dir_writes_nothing():
     assert not out.get("failed") and not out["changed"] and out["written"] == 0
 
 
+def test_check_mode_writes_nothing_and_says_what_would_change(tmp_path):
+    plan = fleet.plan_fleet(example_fleet())
+    files = report.build_files(plan, str(tmp_path), True)
+    dry = action.check(plan, INV, 5, build_dir=str(tmp_path), render_specs=True,
+                       write=action.pd_write_files.preview_files, dry_run=True)
+    assert list(tmp_path.iterdir()) == []
+    assert dry["changed"] and sorted(dry["would_write"]) == sorted(f["path"] for f in files) and dry["would_remove"] == []
+    assert dry["check_mode"] == f"--check: nothing written under {tmp_path} ({len(files)} file(s) would change, 0 would be removed)"
+    assert "written" not in dry and dry["msg"] == report.capacity_lines(plan)
+    # after a real run: a --check of the same plan would change nothing; one without the render specs would remove them
+    action.check(plan, INV, 5, build_dir=str(tmp_path), render_specs=True, write=sync())
+    before = sorted(p for p in tmp_path.rglob("*"))
+    same = action.check(plan, INV, 5, build_dir=str(tmp_path), render_specs=True,
+                        write=action.pd_write_files.preview_files, dry_run=True)
+    assert not same["changed"] and same["would_write"] == []
+    fewer = action.check(plan, INV, 5, build_dir=str(tmp_path), write=action.pd_write_files.preview_files, dry_run=True)
+    without = {f["path"] for f in report.build_files(plan, str(tmp_path))}
+    assert sorted(fewer["would_remove"]) == sorted({f["path"] for f in files} - without)
+    assert sorted(p for p in tmp_path.rglob("*")) == before
+
+
 # ---- the task as Ansible runs it ----------------------------------------------------------------
 
-def run_task(args, cwd):
+def run_task(args, cwd, *extra):
     env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), ANSIBLE_LOAD_CALLBACK_PLUGINS="1",
                ANSIBLE_STDOUT_CALLBACK="ansible.builtin.json", ANSIBLE_NOCOLOR="1")
     proc = subprocess.run([str(Path(sys.executable).parent / "ansible"), "localhost", "-c", "local", "-i", "localhost,",
-                           "-e", f"ansible_python_interpreter={sys.executable}",
+                           "-e", f"ansible_python_interpreter={sys.executable}", *extra,
                            "-m", "pd.deploy.pd_plan_check", "-a", json.dumps(args)],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
     return json.loads(proc.stdout)["plays"][0]["tasks"][0]["hosts"]["localhost"], proc.stderr
@@ -165,6 +186,10 @@ def test_the_action_runs_in_ansible_and_warns_when_another_inventory_owned_the_d
     assert not other.get("failed"), stderr
     assert any("held the output of inventory /etc/pd/prod; replaced by the output of /etc/pd/stage" in w
                for w in other.get("warnings", [])), other
+    # --check writes nothing (it did: the review files were written in check mode)
+    checked, stderr = run_task(dict(args, build_dir=str(tmp_path / "c")), tmp_path, "--check")
+    assert not checked.get("failed"), stderr
+    assert not (tmp_path / "c").exists() and checked["check_mode"].startswith("--check: nothing written under")
     bad, _ = run_task(dict(args, cluster_hosts="many"), tmp_path)
     assert bad["failed"] and "cluster_hosts is a number" in bad["msg"] and "Traceback" not in bad["msg"]
 
@@ -183,13 +208,18 @@ def test_validate_is_one_play_and_pd_plan_two_tasks():
 def test_a_no_op_deploy_runs_no_skipped_check_task():
     """The checks that only ever skip on a no-op are folded into tasks that run anyway."""
     deploy = yaml.safe_load((REPO / "playbooks" / "deploy_pd.yml").read_text())
-    prechecks_play = next(p for p in deploy if p.get("name") == "Check every host before any is touched")
+    # deploy_pd.yml imports prechecks.yml (validate + the prechecks play, also run alone)
+    assert deploy[0]["ansible.builtin.import_playbook"] == "prechecks.yml"
+    prechecks = yaml.safe_load((REPO / "playbooks" / "prechecks.yml").read_text())
+    prechecks_play = next(p for p in prechecks if p.get("name") == "Check every host before any is touched")
     assert [t.get("ansible.builtin.include_role", {}).get("name") for t in prechecks_play["tasks"]] == ["pd.deploy.pd_prechecks"]
     tasks = yaml.safe_load((REPO / "roles" / "pd_prechecks" / "tasks" / "main.yml").read_text())
     assert [next(k for k in t if k.startswith(("ansible.builtin.", "pd.deploy."))) for t in tasks] == [
         "pd.deploy.pd_host_probe", "ansible.builtin.assert", "ansible.builtin.set_fact", "ansible.builtin.include_tasks"]
     report = next(p for p in deploy if p.get("name", "").startswith("Report what each cluster runs"))
-    assert [next(k for k in t if k.startswith("ansible.builtin.")) for t in report["tasks"]] == ["ansible.builtin.debug"]
+    # one task prints the report and hands it to the run's stats (AWX artifacts)
+    assert [next(k for k in t if k.startswith(("ansible.builtin.", "pd.deploy."))) for t in report["tasks"]] == [
+        "pd.deploy.pd_report"]
     # what only a failed rollout runs sits in plays that match no host on success
     after_failure = [p for p in deploy if p.get("name", "").endswith("(no host otherwise)")]
     assert len(after_failure) == 2 and all("_pd_report_failed | length > 0" in p["hosts"] for p in after_failure)

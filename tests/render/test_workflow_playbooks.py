@@ -1,0 +1,138 @@
+"""issue 23 items 4-6 through the real playbooks: tags and the prechecks entry point, --check writes
+nothing, and the closing report after a precheck failure and an unreachable host (names the problems,
+lists no container as if it ran), printed as lines and kept in the run's custom stats (AWX artifacts).
+
+The fleet is inventories/example with every host reached over the local connection and a Docker socket
+that does not exist (every host fails its prechecks: no engine), one host on 127.0.0.1 port 1 (refused:
+unreachable). Nothing but 127.0.0.1 is contacted and no container is started.
+"""
+
+import os
+import re
+import shutil
+import sys
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import yaml
+
+from pd_render_helpers import REPO, _env, _run_one, assert_no_traceback, files_under
+
+pytestmark = pytest.mark.ansible
+
+EXAMPLE = f"{REPO}/inventories/example"
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory, ansible_home):
+    work = tmp_path_factory.mktemp("workflow")
+    inv = work / "prod"
+    shutil.copytree(EXAMPLE, inv)
+    hosts = yaml.safe_load((inv / "hosts.yml").read_text())
+    hosts["all"]["vars"] = {"ansible_connection": "local", "ansible_python_interpreter": sys.executable,
+                            "pd_docker_socket": str(work / "no-docker.sock")}
+    (inv / "hosts.yml").write_text(yaml.safe_dump(hosts))
+    # the same fleet with b-d1 unreachable
+    lost_inv = work / "lost"
+    shutil.copytree(inv, lost_inv)
+    lost = yaml.safe_load((lost_inv / "host_vars" / "b-d1.yml").read_text()) or {}
+    lost.update({"ansible_connection": "ssh", "ansible_host": "127.0.0.1", "ansible_port": 1,
+                 "ansible_ssh_common_args": "-o ConnectTimeout=5 -o BatchMode=yes"})
+    (lost_inv / "host_vars" / "b-d1.yml").write_text(yaml.safe_dump(lost))
+    build = work / "build"
+    jobs = {
+        "list_tags": ["deploy-pd.yml", "-i", str(inv), "--list-tags"],
+        "list_prechecks": ["deploy-pd.yml", "-i", str(inv), "--list-tasks", "--tags", "prechecks"],
+        "list_pull": ["deploy-pd.yml", "-i", str(inv), "--list-tasks", "--tags", "pull"],
+        "prechecks": ["prechecks.yml", "-i", str(inv), "-e", f"pd_plan_build_dir={build}/p"],
+        "deploy": ["deploy-pd.yml", "-i", str(inv), "-e", f"pd_plan_build_dir={build}/d"],
+        "deploy_lost": ["deploy-pd.yml", "-i", str(lost_inv), "-e", f"pd_plan_build_dir={build}/l"],
+        "check_render": ["deploy-pd.yml", "-i", EXAMPLE, "-e", "pd_render_only=true", "--check", "--diff",
+                         "-e", f"pd_plan_build_dir={build}/c"],
+    }
+    env = _env(str(ansible_home))
+    env["ANSIBLE_SHOW_CUSTOM_STATS"] = "true"
+    with ThreadPoolExecutor(max_workers=max(1, os.cpu_count() or 1)) as pool:
+        futures = {key: pool.submit(_run_one, args, env) for key, args in jobs.items()}
+        return {key: f.result() for key, f in futures.items()}, build
+
+
+def test_list_tags_shows_the_documented_tags(runs):
+    run = runs[0]["list_tags"]
+    assert run.rc == 0, str(run)
+    listed = set()
+    for found in re.findall(r"TAGS: \[([^\]]*)\]", run.output):
+        listed |= {t.strip() for t in found.split(",") if t.strip()}
+    assert {"always", "prechecks", "engines", "proxy", "report"} <= listed, run.output
+
+
+def test_tags_prechecks_lists_validate_and_the_prechecks_only(runs):
+    run = runs[0]["list_prechecks"]
+    assert run.rc == 0, str(run)
+    assert "Plan and check the whole fleet" in run.output
+    assert "Run the prechecks and find what already runs" in run.output
+    # the rollout's include is listed (always), but its play has no host unless engines or proxy are selected
+    assert "Show the containers of each cluster" not in run.output
+    assert "Fail the deploy that did not end" in run.output  # always: matches no host unless a rollout failed
+
+
+def test_tags_pull_is_a_valid_selection_that_plans(runs):
+    run = runs[0]["list_pull"]
+    assert run.rc == 0, str(run)
+    assert "Plan and check the whole fleet" in run.output
+    assert "Run the prechecks and find what already runs" not in run.output
+
+
+def test_prechecks_alone_validates_checks_every_host_and_touches_nothing_else(runs):
+    run = runs[0]["prechecks"]
+    assert run.rc != 0, str(run)
+    assert_no_traceback(run)
+    assert "TASK [pd.deploy.pd_plan : Plan and check the whole fleet]" in run.output
+    assert "Read the host in one probe" in run.output and "no-docker.sock" in run.output
+    assert "Roll out" not in run.output and "Take the deploy lock" not in run.output
+    assert "DEPLOY" not in run.output
+
+
+def _report(run):
+    """The closing report's lines as printed: plain text under the report task's banner, one output line per
+    report line (no JSON escapes, no YAML wrapping), before the task's "ok:"."""
+    text = run.output.split("TASK [Show the containers of each cluster", 1)[1].split("\n", 1)[1]
+    return [line for line in text.split("\nok: [", 1)[0].splitlines() if line.strip()]
+
+
+def test_a_deploy_stopped_by_its_prechecks_prints_every_hosts_problems_and_nothing_as_if_it_ran(runs):
+    run = runs[0]["deploy"]
+    assert run.rc != 0, str(run)
+    assert_no_traceback(run)
+    for host in ("a-p0", "a-d0", "b-p0", "b-d0", "b-d1"):
+        assert re.search(rf"(?m)^\s*{host}: Docker engine not reachable", run.output), run.output[-3000:]
+    # every host failed the prechecks play: Ansible ends the playbook there (no rollout, no report)
+    assert "Take the deploy lock" not in run.output and "Show the containers of each cluster" not in run.output
+
+
+def test_a_deploy_stopped_by_an_unreachable_host_names_it_and_the_hosts_not_judged(runs):
+    run = runs[0]["deploy_lost"]
+    assert run.rc != 0, str(run)
+    assert_no_traceback(run)
+    lines = _report(run)
+    text = "\n".join(lines)
+    assert lines and lines[0].startswith("DEPLOY STOPPED IN THE PRECHECKS"), run.output[-4000:]
+    assert re.search(r"(?m)^  b-d1: unreachable: .*127\.0\.0\.1", text), text
+    judged = next(line for line in lines if line.startswith("Not judged ("))
+    assert sorted(judged.split(": ", 1)[1].split(", ")) == ["a-d0", "a-p0", "b-d0", "b-p0"], judged
+    assert "cluster_b: not touched: the deploy stopped before its rollout" in lines
+    # no container listed as if it ran (the report listed each one on its port, with no state)
+    assert not any(re.search(r"^  pd-\S+ on \S+ port \d+", line) for line in lines), text
+    # the same report in the run's custom stats (an AWX job's artifacts), with its outcome
+    stats = run.output.split("CUSTOM STATS", 1)[1]
+    assert "pd_deploy_report" in stats and "outcome: stopped before the rollout" in stats
+    assert "DEPLOY STOPPED IN THE PRECHECKS" in stats and "cluster_b: not touched" in stats
+    # printed once as text (the task's result, the stats, shows with -v only), once in the stats
+    assert run.output.count("cluster_b: not touched: the deploy stopped before its rollout") == 2
+
+
+def test_check_mode_writes_no_file(runs):
+    run, build = runs[0]["check_render"], runs[1]
+    assert run.rc == 0, str(run)
+    assert files_under(build / "c") == []
+    assert "--check: nothing written" in run.output

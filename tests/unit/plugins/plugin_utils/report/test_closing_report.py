@@ -1,0 +1,76 @@
+"""report.summary after a deploy that stopped before its rollout, or left it out by --tags; and the
+pd_report action that prints it as lines and keeps it in the run's custom stats (AWX artifacts)."""
+
+import pytest
+from ansible.errors import AnsibleActionFail
+
+from ansible_collections.pd.deploy.plugins.action import pd_report
+from ansible_collections.pd.deploy.plugins.plugin_utils.plan import fleet
+from ansible_collections.pd.deploy.plugins.plugin_utils.report import summary as report
+from ansible_collections.pd.deploy.plugins.plugin_utils.rollout import order
+from tests.unit.plugins.plugin_utils.plan.test_fleet import HOSTS, converged_probes, example_fleet
+
+DOCKER = "a-p0: Docker engine not reachable at /var/run/docker.sock (connection refused) — start dockerd"
+
+
+def _stopped_in_prechecks():
+    """a-p0 failed its checks, b-d1 was unreachable, the others passed or were never judged."""
+    probes = {h: {"containers": []} for h in HOSTS}
+    probes["b-d1"] = {"unreachable": True, "msg": "Failed to connect to the host via ssh: Connection refused"}
+    verdicts = {"a-p0": {"failed": True, "msg": f"{DOCKER}\nWARNING a-p0: Docker keeps logs unrotated"},
+                "a-d0": {"changed": False, "msg": "All assertions passed"}, "b-p0": {}}
+    return {"probes": probes, "verdicts": verdicts}
+
+
+def test_a_precheck_failure_reports_the_problems_and_no_container():
+    plan = fleet.plan_fleet(example_fleet())
+    lines = report.rollout_summary(plan, HOSTS, None, False, {}, {}, _stopped_in_prechecks())
+    assert lines[0].startswith("DEPLOY STOPPED IN THE PRECHECKS: no container was touched")
+    assert f"  {DOCKER}" in lines and "  a-p0: WARNING a-p0: Docker keeps logs unrotated" in lines
+    assert "  b-d1: unreachable: Failed to connect to the host via ssh: Connection refused" in lines
+    assert "Not judged (one host that fails or cannot be reached stops the prechecks of all): b-p0, b-d0" in lines
+    assert lines[-2:] == ["cluster_a: not touched: the deploy stopped before its rollout",
+                          "cluster_b: not touched: the deploy stopped before its rollout"]
+    # what it printed before: every container on its port, as if it ran
+    assert not any(" port " in line for line in lines)
+    assert report.rollout_summary(plan, HOSTS, None, False, {}, {}, _stopped_in_prechecks()) == lines
+
+
+def test_a_stop_before_the_prechecks_said_anything_says_so():
+    plan = fleet.plan_fleet(example_fleet())
+    lines = report.rollout_summary(plan, HOSTS, None, prechecks={"probes": {}, "verdicts": {}})
+    assert lines[0].startswith("DEPLOY STOPPED before its rollout (see the failed task above)")
+    assert not any(line.startswith(("Problems", "Hosts that", "Not judged")) for line in lines)
+
+
+def test_a_render_is_still_a_list_of_containers():
+    plan = fleet.plan_fleet(example_fleet())
+    assert report.rollout_summary(plan, ["a-p0"])[0] == "cluster_a:"
+
+
+def test_a_run_that_left_out_the_rollout_says_what_would_roll():
+    plan = fleet.plan_fleet(example_fleet())
+    probes = converged_probes(plan)
+    probes["a-d0"]["containers"] = []
+    targets = order.rollout_targets(plan, probes, HOSTS)
+    lines = report.rollout_summary(plan, HOSTS, targets, rollout_skipped=True)
+    assert lines[0] == "cluster_a: would be rolled out, not rolled: this run's --tags / --skip-tags leave out the rollout"
+    assert "cluster_b: unchanged (every container runs its launch spec and answered its health URL)" in lines
+
+
+def test_the_report_task_prints_lines_and_sets_global_stats():
+    out = pd_report.report_result(["a", "b"], {"outcome": "ok"})
+    assert out["msg"] == ["a", "b"] and not out["changed"]
+    assert out["ansible_stats"] == {"data": {"pd_deploy_report": {"outcome": "ok", "lines": ["a", "b"]}},
+                                    "per_host": False, "aggregate": False}
+    assert pd_report.report_result("one\ntwo", stats_key="x")["ansible_stats"]["data"]["x"]["lines"] == ["one", "two"]
+
+
+@pytest.mark.parametrize("args, says", [
+    ({"lines": 3}, "lines: expected a list"), ({"lines": [], "data": [1]}, "data: expected a mapping"),
+    ({"lines": [], "stats_key": "a b"}, "stats_key: 'a b' is not a variable name"),
+])
+def test_the_report_task_refuses_bad_arguments_by_name(args, says):
+    with pytest.raises(AnsibleActionFail) as err:
+        pd_report.report_result(**args)
+    assert says in str(err.value)
