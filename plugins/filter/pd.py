@@ -12,17 +12,18 @@ import os
 import yaml
 
 from ansible_collections.pd.deploy.plugins.plugin_utils import ops
-from ansible_collections.pd.deploy.plugins.plugin_utils.hostcheck import compat, netchecks, prechecks
+from ansible_collections.pd.deploy.plugins.plugin_utils.hostcheck import bootstrap, compat, netchecks, prechecks
 from ansible_collections.pd.deploy.plugins.plugin_utils.ops import logparse
 from ansible_collections.pd.deploy.plugins.plugin_utils.plan import capacity, connectors, fleet, versions
 from ansible_collections.pd.deploy.plugins.plugin_utils.plan.fleet import HOST_VARS
 from ansible_collections.pd.deploy.plugins.plugin_utils.report import summary as report
 from ansible_collections.pd.deploy.plugins.plugin_utils.rollout import containers, failures, order
 from ansible_collections.pd.deploy.plugins.plugin_utils.shared import sizes
-from ansible_collections.pd.deploy.plugins.plugin_utils.validate import rules, secrets
+from ansible_collections.pd.deploy.plugins.plugin_utils.validate import registry, rules, secrets
 from ansible_collections.pd.deploy.plugins.plugin_utils.validate.inventory import HOST_PATH_VARS
 
-_READ = ("pd_cluster", "ansible_host", "pd_allow_idle_hosts") + HOST_VARS + HOST_PATH_VARS
+_READ = ("pd_cluster", "ansible_host", "pd_allow_idle_hosts", "pd_image_pull", "pd_image_registry",
+         "pd_image_registry_username") + HOST_VARS + HOST_PATH_VARS
 
 
 def _run_facts(hostvars, name):
@@ -106,6 +107,9 @@ def fleet_input(hostvars, host_names, limit=None):
                 origin = _origin(hostvars, name, "pd_api_key")
                 if origin and not origin["vaulted"] and not origin["template"] and data["pd_api_key"]:
                     data["pd_api_key"] = dict(data["pd_api_key"], clear_in=origin["file"] or "the inventory")
+            if "pd_image_registry_password" in hv:  # only whether it is set (and vaulted), never the password
+                data["pd_image_registry_password"] = registry.password_fact(
+                    hv["pd_image_registry_password"], _origin(hostvars, name, "pd_image_registry_password"))
             if hv.get("pd_deploy_break_lock") not in (None, False, "false", "False", "no", ""):
                 origin = _origin(hostvars, name, "pd_deploy_break_lock")
                 if origin:  # kept in the inventory, not given with -e for one run
@@ -129,7 +133,7 @@ class FilterModule:
     def filters(self):
         out = {}
         for module in (sizes, capacity, logparse, versions, connectors, rules, fleet, order, containers, report,
-                       prechecks, ops, secrets, netchecks, failures, compat):
+                       prechecks, ops, secrets, netchecks, failures, compat, registry, bootstrap):
             out.update(module.FILTERS)
         out["pd_fleet_input"] = fleet_input
         out["pd_plan_from_hostvars"] = plan_from_hostvars

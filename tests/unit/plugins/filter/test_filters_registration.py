@@ -7,18 +7,18 @@ import os
 import pytest
 
 from ansible_collections.pd.deploy.plugins.plugin_utils import ops
-from ansible_collections.pd.deploy.plugins.plugin_utils.hostcheck import compat, netchecks, prechecks
+from ansible_collections.pd.deploy.plugins.plugin_utils.hostcheck import bootstrap, compat, netchecks, prechecks
 from ansible_collections.pd.deploy.plugins.plugin_utils.ops import logparse
 from ansible_collections.pd.deploy.plugins.plugin_utils.plan import capacity, connectors, fleet, versions
 from ansible_collections.pd.deploy.plugins.plugin_utils.report import summary as report
 from ansible_collections.pd.deploy.plugins.plugin_utils.rollout import containers, failures, order
 from ansible_collections.pd.deploy.plugins.plugin_utils.shared import sizes
-from ansible_collections.pd.deploy.plugins.plugin_utils.validate import rules, secrets
+from ansible_collections.pd.deploy.plugins.plugin_utils.validate import registry, rules, secrets
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))))
 # ops is registered as one mapping; its steps are listed one by one so a name two steps claim is caught
 MODULES = (sizes, capacity, logparse, versions, connectors, rules, fleet, order, containers, report, prechecks, secrets,
-           *ops.STEPS, netchecks, failures, compat)
+           *ops.STEPS, netchecks, failures, compat, registry, bootstrap)
 GIB = 1024 ** 3
 
 
