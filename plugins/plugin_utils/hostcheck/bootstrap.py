@@ -39,7 +39,7 @@ def daemon_config(text, settings):
     if not isinstance(size, str) or not size.strip() or not size.strip()[0].isdigit():
         raise PdError("pd_docker_daemon_config", "pd_bootstrap_docker_log_max_size", f"{size!r} is not a size",
                       "set it to a size Docker reads, e.g. 100m")
-    files = _positive_int(settings.get("log_max_file"), "pd_bootstrap_docker_log_max_file")
+    files = _positive_int(settings.get("log_max_file"), "pd_bootstrap_docker_log_files")
     nofile = _positive_int(settings.get("nofile"), "pd_bootstrap_nofile")
     if text is None or not str(text).strip():
         conf = {}

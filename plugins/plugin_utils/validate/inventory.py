@@ -35,7 +35,7 @@ REQUIRED = (
 HOST_PATH_VARS = ("pd_deploy_lock_dir", "pd_rollout_lock_dir", "pd_docker_socket", "pd_container_docker_socket",
                   "pd_ops_docker_socket", "pd_prechecks_docker_socket", "pd_rollout_docker_socket",
                   "pd_prechecks_docker_daemon_json", "pd_image_remote_dir", "pd_image_docker_socket",
-                  "pd_bootstrap_docker_daemon_json", "pd_bootstrap_limits_file")
+                  "pd_bootstrap_docker_socket", "pd_bootstrap_docker_daemon_json", "pd_bootstrap_limits_file")
 #: Variables naming a path on the controller (reports, build files, the image tarball): relative to
 #: the directory ansible-playbook runs in, which is the operator's own choice.
 CONTROLLER_PATH_VARS = ("pd_plan_build_dir", "pd_ops_reports_dir", "pd_baseline_reports_dir",

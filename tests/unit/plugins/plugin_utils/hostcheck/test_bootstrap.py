@@ -66,7 +66,7 @@ def test_a_broken_daemon_json_is_refused_not_overwritten(text, words):
 @pytest.mark.parametrize("change, field", [
     ({"log_max_size": ""}, "pd_bootstrap_docker_log_max_size"),
     ({"log_max_size": "big"}, "pd_bootstrap_docker_log_max_size"),
-    ({"log_max_file": 0}, "pd_bootstrap_docker_log_max_file"),
+    ({"log_max_file": 0}, "pd_bootstrap_docker_log_files"),
     ({"nofile": True}, "pd_bootstrap_nofile"),
 ])
 def test_bad_settings_name_the_variable(change, field):
