@@ -14,7 +14,7 @@ import os
 
 import yaml
 
-from ansible_collections.pd.deploy.plugins.plugin_utils.hostcheck import compat, netchecks, prechecks
+from ansible_collections.pd.deploy.plugins.plugin_utils.hostcheck import bootstrap, compat, netchecks, prechecks
 from ansible_collections.pd.deploy.plugins.plugin_utils.ops import (
     baseline, capacity_report, diagnosis, gate, metrics, monitoring, remove, tuning)
 from ansible_collections.pd.deploy.plugins.plugin_utils.plan import fleet
@@ -22,10 +22,11 @@ from ansible_collections.pd.deploy.plugins.plugin_utils.plan.fleet import HOST_V
 from ansible_collections.pd.deploy.plugins.plugin_utils.report import summary as report
 from ansible_collections.pd.deploy.plugins.plugin_utils.rollout import containers, failures, order, selection
 from ansible_collections.pd.deploy.plugins.plugin_utils.shared import sizes
-from ansible_collections.pd.deploy.plugins.plugin_utils.validate import secrets
+from ansible_collections.pd.deploy.plugins.plugin_utils.validate import registry, secrets
 from ansible_collections.pd.deploy.plugins.plugin_utils.validate.inventory import HOST_PATH_VARS
 
-_READ = ("pd_cluster", "ansible_host", "pd_allow_idle_hosts") + HOST_VARS + HOST_PATH_VARS
+_READ = ("pd_cluster", "ansible_host", "pd_allow_idle_hosts", "pd_image_pull", "pd_image_registry",
+         "pd_image_registry_username") + HOST_VARS + HOST_PATH_VARS
 
 
 def _run_facts(hostvars, name):
@@ -109,6 +110,9 @@ def fleet_input(hostvars, host_names, limit=None):
                 origin = _origin(hostvars, name, "pd_api_key")
                 if origin and not origin["vaulted"] and not origin["template"] and data["pd_api_key"]:
                     data["pd_api_key"] = dict(data["pd_api_key"], clear_in=origin["file"] or "the inventory")
+            if "pd_image_registry_password" in hv:  # only whether it is set (and vaulted), never the password
+                data["pd_image_registry_password"] = registry.password_fact(
+                    hv["pd_image_registry_password"], _origin(hostvars, name, "pd_image_registry_password"))
             if hv.get("pd_deploy_break_lock") not in (None, False, "false", "False", "no", ""):
                 origin = _origin(hostvars, name, "pd_deploy_break_lock")
                 if origin:  # kept in the inventory, not given with -e for one run
@@ -146,6 +150,13 @@ class FilterModule:
             "pd_hccn_ping_targets": netchecks.ping_targets,
             "pd_hccn_ping_request": netchecks.ping_request,
             "pd_hccn_ping_problems": netchecks.ping_problems,
+            "pd_driver_problems": prechecks.driver_problems,
+            # images from a registry (pd_image), the host bootstrap (pd_bootstrap)
+            "pd_pull_hosts": registry.pull_hosts,
+            "pd_pulled_images": registry.pulled_images,
+            "pd_pull_lines": registry.pull_lines,
+            "pd_docker_daemon_config": bootstrap.daemon_config,
+            "pd_limits_conf": bootstrap.limits_conf,
             # rollout: order, containers, known failures
             "pd_entry_options": order.entry_options,
             "pd_rollout_targets": order.rollout_targets,
@@ -158,6 +169,7 @@ class FilterModule:
             "pd_replacement_plan": containers.replacement_plan,
             "pd_probe_specs": containers.probe_specs,
             "pd_start_labels": containers.start_labels,
+            "pd_start_image": containers.start_image,
             "pd_health_checks": containers.health_checks,
             "pd_unhealthy_specs": containers.unhealthy_specs,
             "pd_rollback_message": containers.rollback_message,

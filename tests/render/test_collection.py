@@ -109,7 +109,7 @@ def test_collection_renders_the_checkouts_specs_from_another_directory(installed
 
 def test_top_level_entry_playbooks_import_the_playbooks_directory():
     # `ansible-playbook deploy-pd.yml` at the top of the checkout is the documented usage
-    for name in ("deploy-pd.yml", "validate.yml", "stop-pd.yml", "prechecks.yml"):
+    for name in ("deploy-pd.yml", "validate.yml", "stop-pd.yml", "bootstrap-hosts.yml", "prechecks.yml", "remove-hosts.yml"):
         with open(os.path.join(REPO, name), encoding="utf-8") as handle:
             text = handle.read()
         # the collection's playbook of that name: an identifier (pd.deploy.deploy_pd), so deploy_pd.yml

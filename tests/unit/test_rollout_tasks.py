@@ -131,7 +131,8 @@ def test_the_roles_the_rollout_runs_skip_their_own_argument_check_and_pass_only_
     variables = _tasks(ROLES / "pd_rollout/vars/main.yml")
     assert set(variables["_pd_rollout_passed_options"]) == passed
     assert variables["_pd_rollout_checked_roles"] == ["pd_rollout", "pd_engine", "pd_proxy", "pd_container"]
-    deploy = _flat(next(p for p in _tasks(REPO / "playbooks/deploy_pd.yml") if p.get("name", "").startswith("Roll out"))["tasks"])
+    rollout_play = next(p for p in _tasks(REPO / "playbooks/deploy_pd.yml") if "pd_rollout" in str(p.get("tasks")))
+    deploy = _flat(rollout_play["tasks"])
     assert deploy[0]["ansible.builtin.include_role"] == {"name": "pd.deploy.pd_rollout", "rolespec_validate": False}
     # the check is the rollout's first task, before the lock
     assert "check.yml" in str(_tasks(ROLES / "pd_rollout/tasks/main.yml")[0])

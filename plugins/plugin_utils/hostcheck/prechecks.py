@@ -147,7 +147,18 @@ def problems(facts):
     return [f"{host}: {p}" for p in out]
 
 
-def _host_problems(facts, probe):
+def driver_problems(facts, probe):
+    """The Ascend device and driver problems of one host: device nodes and driver paths of its launch specs,
+    ``npu-smi info -l`` (NPU count) and ``npu-smi info`` (chip name, HBM per NPU) against the inventory.
+
+    The prechecks (problems) and the host bootstrap (playbooks/bootstrap_hosts.yml) both judge with this
+    one function; ``facts`` as for problems() (host, specs, model_path, npus_needed, npu_chip,
+    hbm_per_npu_bytes), ``probe`` the pd_host_probe result. Returns ``host: what — what to do`` strings.
+    """
+    return [f"{facts['host']}: {p}" for p in _driver_problems(facts, probe or {})]
+
+
+def _driver_problems(facts, probe):
     specs = facts["specs"]
     out = []
     stats = probe.get("stats") or {}
@@ -184,6 +195,14 @@ def _host_problems(facts, probe):
         else:
             out.extend(npu_model_problems(npu_table(info.get("stdout")), facts.get("npu_chip"),
                                           facts.get("hbm_per_npu_bytes")))
+    return out
+
+
+def _host_problems(facts, probe):
+    specs = facts["specs"]
+    out = _driver_problems(facts, probe)
+    stats = probe.get("stats") or {}
+    model = facts.get("model_path")
     pinned = sum(s.get("pinned_offload_bytes") or 0 for s in specs)
     mem = mem_total_bytes(probe.get("meminfo"))
     reserve = facts.get("ram_reserve_bytes") or 0
@@ -207,6 +226,6 @@ def _host_problems(facts, probe):
     for image in probe.get("images_missing") or []:
         out.append(f"image {image} is not on this host — ship it from the controller: docker save {image} "
                    "-o vllm-ascend.tar, then ansible-playbook playbooks/images.yml -i <inventory> "
-                   "-e pd_image_archive=$PWD/vllm-ascend.tar (air-gapped sites), or run with "
-                   "-e pd_container_pull=missing to pull it")
+                   "-e pd_image_archive=$PWD/vllm-ascend.tar (air-gapped sites), or let the deploy pull it: "
+                   "pd_image_pull: missing in the cluster's group_vars (registry login: docs/guide/pull.md)")
     return out

@@ -9,7 +9,7 @@ from ..rollout.containers import spec_ports
 from ..rollout.order import rollout_batches
 from ..shared import sizes, text
 from ..shared.errors import PdError
-from ..validate import guards, inventory, limits, rules, secrets
+from ..validate import guards, inventory, limits, registry, rules, secrets
 from ..validate.violation import violation
 from . import capacity, launch, model, ports, versions
 from .shape import shape_violations
@@ -97,6 +97,8 @@ def _group_hosts(fleet, violations, incomplete):
             continue
         record["allow_idle"] = hv.get("pd_allow_idle_hosts") is True
         record["api_key"] = secrets.host_key_fact(hv.get("pd_api_key"))  # a redaction, never the key
+        record["image_pull"], pulls = registry.pull_settings(host["name"], hv)  # policy + login flag, no credential
+        violations.extend(pulls)
         clusters.setdefault(name, (raw, []))[1].append(record)
     violations.extend(break_lock_warnings(fleet["hosts"]))
     # a cluster group must hold only its own hosts: a name shared with another group merges clusters
@@ -357,9 +359,13 @@ def plan_fleet(fleet):
                 "hbm_per_npu_bytes": host["hbm_per_npu_bytes"], "npu_chip": host["npu_chip"],
                 "model_path": ((result.get("cluster") or {}).get("model") or {}).get("path"),
                 "address": host["address"], "docker_socket": host["docker_socket"],
+                "image_pull": host["image_pull"],
             }
         for spec in result["specs"]:
             plan["hosts"][spec["host"]]["specs"].append(spec)
+        for host in hosts:  # a pull policy cannot pull an image given by its ID
+            violations.extend(registry.image_violations(host["name"], host["image_pull"], sorted(
+                {s["image"] for s in result["specs"] + [result["proxy"] or {}] if s.get("host") == host["name"]})))
         all_specs.extend(result["specs"])
         window_claims.extend(_port_claims(result))
         if result["proxy"]:

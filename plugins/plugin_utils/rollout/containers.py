@@ -248,6 +248,26 @@ def start_labels(spec, images, containers=None):
     return labels
 
 
+def start_image(image, pulled=None):
+    """The reference a container of ``image`` is started from: ``repo@sha256:...`` of the image a pull step
+    fetched for ``image`` on this host (``pulled``: {ref: {id, repo_digests}}, role pd_image's
+    C(pd_image_pulled)), so that the container runs exactly what was pulled even if the tag moves between
+    the pull and the start; its image ID when the pulled image has no repo digest; ``image`` itself when
+    nothing was pulled for it (the image came with playbooks/images.yml, or pd_image_pull is never).
+    """
+    if not isinstance(image, str) or not image:
+        raise PdError("pd_start_image", "image", f"expected an image reference, got {image!r}",
+                      "pass a launch spec's image")
+    if pulled is not None and not isinstance(pulled, Mapping):
+        raise PdError("pd_start_image", "pulled", f"expected {{ref: {{id, repo_digests}}}}, got {type(pulled).__name__}",
+                      "pass pd_image_pulled (role pd_image) or {}")
+    found = (pulled or {}).get(image)
+    if not isinstance(found, Mapping) or not found.get("id"):
+        return image
+    mine = [d for d in (found.get("repo_digests") or []) if d.split("@", 1)[0] == _repository(image)]
+    return mine[0] if mine else found["id"]
+
+
 def moved_images(specs, containers, images):
     """Containers that run their current launch spec on another image than the one its tag names now.
 

@@ -34,7 +34,8 @@ REQUIRED = (
 #: host fact, checked in fact_violations.
 HOST_PATH_VARS = ("pd_deploy_lock_dir", "pd_rollout_lock_dir", "pd_docker_socket", "pd_container_docker_socket",
                   "pd_ops_docker_socket", "pd_prechecks_docker_socket", "pd_rollout_docker_socket",
-                  "pd_prechecks_docker_daemon_json", "pd_image_remote_dir")
+                  "pd_prechecks_docker_daemon_json", "pd_image_remote_dir", "pd_image_docker_socket",
+                  "pd_bootstrap_docker_socket", "pd_bootstrap_docker_daemon_json", "pd_bootstrap_limits_file")
 #: Variables naming a path on the controller (reports, build files, the image tarball): relative to
 #: the directory ansible-playbook runs in, which is the operator's own choice.
 CONTROLLER_PATH_VARS = ("pd_plan_build_dir", "pd_ops_reports_dir", "pd_baseline_reports_dir",
@@ -175,7 +176,9 @@ def path_violations(name, hv):
 
 _PATH_EXAMPLES = {"pd_deploy_lock_dir": "/var/lib/pd-deploy/locks", "pd_rollout_lock_dir": "/var/lib/pd-deploy/locks",
                   "pd_prechecks_docker_daemon_json": "/etc/docker/daemon.json",
-                  "pd_image_remote_dir": "/var/tmp/pd-images"}
+                  "pd_image_remote_dir": "/var/tmp/pd-images",
+                  "pd_bootstrap_docker_daemon_json": "/etc/docker/daemon.json",
+                  "pd_bootstrap_limits_file": "/etc/security/limits.d/90-pd-deploy.conf"}
 for _name in HOST_PATH_VARS:
     if _name.endswith("_socket"):
         _PATH_EXAMPLES[_name] = shared_default("pd_docker_socket")

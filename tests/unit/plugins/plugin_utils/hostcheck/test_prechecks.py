@@ -130,7 +130,7 @@ CASES = [
     ("port busy", _set("listening_ports", [22, 8201]),
      ["ports 8201 needed by pd-cluster_a-decode0-dp1 are already in use"]),
     ("image missing", _set("images_missing", ["quay.io/ascend/vllm-ascend:v0.25.1"]),
-     ["image quay.io/ascend/vllm-ascend:v0.25.1 is not on this host", "pd_container_pull=missing"]),
+     ["image quay.io/ascend/vllm-ascend:v0.25.1 is not on this host", "pd_image_pull: missing"]),
     ("running rank does not answer", _sick("pd-cluster_a-decode0-dp0", status=503, error="HTTP 503"),
      ["pd-cluster_a-decode0-dp0 runs its current launch spec but http://127.0.0.1:8200/health does not "
       "answer (HTTP 503)", "nothing was restarted", "collect_logs.yml"]),
