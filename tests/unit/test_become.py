@@ -22,7 +22,10 @@ KEYWORDS = {
 #: what needs root on a host: the Docker socket (root:docker, 0660; its modules, or any task given the socket, such as a
 #: uri call with unix_socket) and the lock file under /var/lib/pd-deploy
 ROOT_MODULE_PREFIXES = ("community.docker.",)
-ROOT_MODULES = {"pd.deploy.pd_deploy_lock"}
+#: + the host bootstrap's system changes: packages, the engine's service, and the files under /etc and /var/lib
+#: that pd_bootstrap's path variables name (daemon.json, the limits.d file, pd-deploy's directories)
+ROOT_MODULES = {"pd.deploy.pd_deploy_lock", "ansible.builtin.apt", "ansible.builtin.systemd_service"}
+SYSTEM_PATH_VARS = ("pd_bootstrap_docker_daemon_json", "pd_bootstrap_limits_file", "pd_bootstrap_directories")
 
 
 def _tasks(items, where):
@@ -61,7 +64,9 @@ def _needs_root(task):
         return False
     args = task.get(module)
     text = yaml.safe_dump(args) if args is not None else ""
-    return (module.startswith(ROOT_MODULE_PREFIXES) or module in ROOT_MODULES
+    files = {k: args.get(k) for k in ("path", "dest", "src")} if isinstance(args, dict) else {}
+    system_paths = any(var in yaml.safe_dump([files, task.get("loop")]) for var in SYSTEM_PATH_VARS)
+    return (module.startswith(ROOT_MODULE_PREFIXES) or module in ROOT_MODULES or system_paths
             or "docker_socket" in text or "docker_host" in text or "unix_socket" in text)
 
 
@@ -83,7 +88,8 @@ def test_the_scan_sees_the_tasks():
                          ids=lambda v: v if isinstance(v, str) else v.get("name", "?"))
 def test_host_tasks_that_need_root_become(where, task):
     assert task.get("become") is True, (
-        f"{where}: task {task.get('name')!r} talks to the Docker socket or the lock dir on a host: add become: true")
+        f"{where}: task {task.get('name')!r} talks to the Docker socket, the lock dir or system files on a host: "
+        "add become: true")
 
 
 @pytest.mark.parametrize("where,task", [(w, t) for w, t in TASKS if _on_controller(t)],
