@@ -59,7 +59,7 @@ def _bind(text):
 def _env_dict(items):
     out = {}
     for item in items or []:
-        name, _, value = str(item).partition("=")
+        name, value = str(item).partition("=")[::2]
         out[name] = value
     return out
 
@@ -133,8 +133,8 @@ def container_diff(name, spec, inspect, image_env=None):
     on = f" on {where}" if where else ""
     return {
         "before_header": f"{name}{on}: " + ("no container" if before is None else "what runs now"),
-        "after_header": f"{name}{on}: " + ("removed (its instance is no longer in the inventory)" if after is None
-                                          else "its launch spec"),
+        "after_header": f"{name}{on}: " + (
+            "removed (its instance is no longer in the inventory)" if after is None else "its launch spec"),
         "before": text_before,
         "after": text_after,
     }

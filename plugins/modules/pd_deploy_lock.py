@@ -113,7 +113,7 @@ def main():
             # the action plugin takes these two out before the module runs (messages, breaking a stale
             # lock); declared so that the spec is the page's
             "lock_host": {"type": "str"},
-            "break_lock": {"type": "bool"},
+            "break_lock": {"type": "raw"},
         },
         supports_check_mode=True,
     )

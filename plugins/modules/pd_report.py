@@ -29,8 +29,10 @@ options:
 attributes:
   check_mode:
     support: full
+    description: Prints and records the report in check mode too; it changes nothing on any host.
   diff_mode:
     support: none
+    description: Returns no diff (the report is output, not a change).
 author: pd-deploy maintainers (!UNKNOWN)
 """
 

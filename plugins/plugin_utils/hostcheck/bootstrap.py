@@ -79,4 +79,3 @@ def limits_conf(nofile):
         for kind in ("soft", "hard"):
             lines.append(f"{who:<6} {kind:<5} nofile  {nofile}")
     return "\n".join(lines) + "\n"
-

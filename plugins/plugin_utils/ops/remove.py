@@ -146,4 +146,3 @@ def _cluster(plan, cluster, gone, out):
         + ": until then a deploy starts the removed instances again"
         + (f"; the next deploy renumbers the remaining {' and '.join(renumbered)} instance(s) (replaced one at a time, drained)"
            if renumbered else ""))
-

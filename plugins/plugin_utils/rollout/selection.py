@@ -95,4 +95,3 @@ def tag_problems(plan, probes, play_hosts, run_tags, skip_tags=None):
                        f"would leave the cluster half deployed: {'; '.join(left)} — run without --tags/--skip-tags "
                        "(or with both engines and proxy) to roll the whole cluster")
     return out
-

@@ -76,7 +76,7 @@ def pull_settings(name, hv):
                          password.get("fix") or f"set it from {ENCRYPT} in the cluster's group_vars"))
     if (user or password.get("set")) and not registry:
         given = " and ".join(f for f, v in (("pd_image_registry_username", user),
-                                             ("pd_image_registry_password", password.get("set"))) if v)
+                                            ("pd_image_registry_password", password.get("set"))) if v)
         out.append(error(name, "pd_image_registry", f"{given} set but no registry to log in to",
                          "set pd_image_registry: <host[:port]> beside the credentials (or remove them)"))
     elif registry and bool(user) != bool(password.get("set")):
@@ -149,4 +149,3 @@ def pull_lines(results, host):
             what = f"already here: {ident}" if ident else "not pulled"
         lines.append(f"{host}: {ref} {what}")
     return lines
-
