@@ -360,6 +360,15 @@ def converged_probes(plan, hosts=HOSTS):
     return out
 
 
+def stale_proxy(plan, probes, cluster):
+    """Make the cluster's proxy run an older spec in ``probes``; returns the plan's proxy entry."""
+    proxy = plan["clusters"][cluster]["proxy"]
+    for c in probes[proxy["host"]]["containers"]:
+        if c["name"] == proxy["name"]:
+            c["hash"] = "old"
+    return proxy
+
+
 def test_a_converged_fleet_rolls_nothing():
     plan = fleet.plan_fleet(example_fleet())
     targets = order.rollout_targets(plan, converged_probes(plan), HOSTS)
@@ -399,10 +408,7 @@ def test_one_container_not_running_its_spec_rolls_its_whole_cluster_only(contain
 def test_a_changed_proxy_rolls_its_cluster():
     plan = fleet.plan_fleet(example_fleet())
     probes = converged_probes(plan)
-    proxy = plan["clusters"]["cluster_a"]["proxy"]
-    for c in probes[proxy["host"]]["containers"]:
-        if c["name"] == proxy["name"]:
-            c["hash"] = "old"
+    stale_proxy(plan, probes, "cluster_a")
     targets = order.rollout_targets(plan, probes, HOSTS)
     assert targets["changed"] == ["cluster_a"] and targets["hosts"] == ["a-p0", "a-d0"]
 

@@ -5,7 +5,7 @@ import pytest
 from ansible_collections.pd.deploy.plugins.plugin_utils.plan import fleet
 from ansible_collections.pd.deploy.plugins.plugin_utils.rollout.selection import tag_problems, tag_selection
 from ansible_collections.pd.deploy.plugins.plugin_utils.shared.errors import PdError
-from tests.unit.plugins.plugin_utils.plan.test_fleet import HOSTS, converged_probes, example_fleet
+from tests.unit.plugins.plugin_utils.plan.test_fleet import HOSTS, converged_probes, example_fleet, stale_proxy
 
 
 @pytest.mark.parametrize("run, skip, on", [
@@ -70,10 +70,7 @@ def test_engines_without_the_proxy_pass_when_only_existing_ranks_change():
 def test_a_changed_proxy_refuses_engines_alone_and_allows_the_proxy_alone():
     plan = fleet.plan_fleet(example_fleet())
     probes = converged_probes(plan)
-    proxy = plan["clusters"]["cluster_a"]["proxy"]
-    for c in probes[proxy["host"]]["containers"]:
-        if c["name"] == proxy["name"]:
-            c["hash"] = "old"
+    proxy = stale_proxy(plan, probes, "cluster_a")
     problems = tag_problems(plan, probes, HOSTS, ["engines"])
     assert problems == [problems[0]] and problems[0].startswith("cluster_a:")
     assert f"the proxy {proxy['name']} on {proxy['host']} does not run its launch spec" in problems[0]
