@@ -1,3 +1,6 @@
+# Copyright (c) 2026, the pd-deploy authors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
 """Action plugin of the pd_deploy_lock module: who this run is, and whether another holder is live.
 
 The module runs on the cluster's lock host and only takes, reports or gives back the lock file. This

@@ -1,3 +1,6 @@
+# Copyright (c) 2026, the pd-deploy authors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
 """Action plugin of the pd_http_wait module: the same wait, with a progress line every ``progress_s``.
 
 A module cannot print while it runs, so a 10-minute model load used to show nothing until the task

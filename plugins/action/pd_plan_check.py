@@ -1,3 +1,6 @@
+# Copyright (c) 2026, the pd-deploy authors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
 """Action plugin: judge the fleet plan and write its reports, on the controller, in one task.
 
 pd_plan used to do this in five tasks (refuse the inventory, name it, show the violations, fail, write

@@ -1,3 +1,6 @@
+# Copyright (c) 2026, the pd-deploy authors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
 """Action plugin: show the deploy's closing report as lines and hand it to set_stats, in one task.
 
 The report play printed it with debug; an AWX / Automation Platform job keeps nothing of a run but its

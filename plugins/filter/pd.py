@@ -1,3 +1,6 @@
+# Copyright (c) 2026, the pd-deploy authors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
 """Ansible filters of pd-deploy: the collection's public filter surface.
 
 ``FilterModule.filters()`` lists by hand every filter that a role, a playbook, a Molecule scenario or the

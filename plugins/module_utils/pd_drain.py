@@ -1,3 +1,6 @@
+# Copyright (c) 2026, the pd-deploy authors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
 """Take engine ranks out of a running PD proxy before they are replaced, and put them back after.
 
 Follows vllm-ascend's proxy (examples/disaggregated_prefill_v1/load_balance_proxy_server_example.py; the

@@ -1,3 +1,6 @@
+# Copyright (c) 2026, the pd-deploy authors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
 """HTTP for pd-deploy's modules: the engines' loopback URLs and the Docker Engine API socket.
 
 Runs on the target host's Python, standard library only. http.client is used directly (not urllib)

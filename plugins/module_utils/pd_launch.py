@@ -1,3 +1,6 @@
+# Copyright (c) 2026, the pd-deploy authors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
 """The difference between a launch spec and the container that runs under its name (--check --diff).
 
 A launch spec (plugins/plugin_utils/plan/launch.py) says what a container is started with; Docker's

@@ -1,4 +1,7 @@
 #!/usr/bin/python
+# Copyright (c) 2026, the pd-deploy authors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
 """Documentation of the pd_plan_check action plugin (plugins/action/pd_plan_check.py): it runs on the
 controller only, so there is no module code here; ansible-doc reads a module's docs from this file, as
 for ansible.builtin.debug."""

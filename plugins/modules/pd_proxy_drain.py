@@ -1,4 +1,7 @@
 #!/usr/bin/python
+# Copyright (c) 2026, the pd-deploy authors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
 """Drain engine ranks out of a running PD proxy before a replacement, and put them back after."""
 
 DOCUMENTATION = r"""

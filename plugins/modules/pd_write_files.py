@@ -1,4 +1,7 @@
 #!/usr/bin/python
+# Copyright (c) 2026, the pd-deploy authors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
 """Documentation of the pd_write_files action plugin (plugins/action/pd_write_files.py).
 
 The action runs entirely on the controller and never transfers a module, so this file holds only the

@@ -1,3 +1,6 @@
+# Copyright (c) 2026, the pd-deploy authors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
 """pd-deploy core library: pure functions behind the Ansible filter plugins.
 
 Everything here is plain Python (no Ansible objects in, plain data out) so that it can be unit

@@ -1,3 +1,6 @@
+# Copyright (c) 2026, the pd-deploy authors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
 """host_group_vars that names the file and line of a YAML error.
 
 ansible-core 2.19's ``host_group_vars`` (plugins/vars/host_group_vars.py, ``get_vars``) catches every

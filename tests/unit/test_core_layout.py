@@ -116,3 +116,25 @@ def test_the_loader_scan_reads_the_tests():
     paths = {rel for rel, _ in _python_files()}
     assert {"tests/unit/test_vllm_cpu_plugin.py", "tests/fixtures/standin_procs.py", "plugins/filter/pd.py",
             "tools/variable_reference.py"} <= paths
+
+
+def test_every_plugin_file_carries_the_collection_license_header():
+    """galaxy.yml says GPL-3.0-or-later; validate-modules (make check-collection) fails a module without
+    the GPLv3 header, this catches any plugin file (filter, action, vars, utils too) before it ships."""
+    missing = []
+    for rel, path in _modules():
+        with open(path, encoding="utf-8") as handle:
+            head = handle.read().splitlines()[:5]
+        if "# SPDX-License-Identifier: GPL-3.0-or-later" not in head:
+            missing.append(rel)
+    assert missing == [], ("start each with the three header lines of plugins/filter/pd.py "
+                           f"(copyright, GPL v3.0+ pointer, SPDX identifier): {missing}")
+
+
+def test_the_license_is_the_gpl_v3_text_galaxy_names():
+    with open(os.path.join(REPO, "LICENSE"), encoding="utf-8") as handle:
+        text = handle.read()
+    with open(os.path.join(REPO, "galaxy.yml"), encoding="utf-8") as handle:
+        galaxy = handle.read()
+    assert "GNU GENERAL PUBLIC LICENSE" in text and "Version 3, 29 June 2007" in text
+    assert "\n  - GPL-3.0-or-later\n" in galaxy and "license_file" not in galaxy

@@ -1,3 +1,6 @@
+# Copyright (c) 2026, the pd-deploy authors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
 """What the host bootstrap (bootstrap-hosts.yml, role pd_bootstrap) writes: Docker's daemon.json merged with
 log rotation, live-restore and the ulimits Mooncake needs, and the limits.d file of the same limits.
 

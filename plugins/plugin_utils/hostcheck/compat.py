@@ -1,3 +1,6 @@
+# Copyright (c) 2026, the pd-deploy authors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
 """Compatibility prechecks: the image, the host driver and Docker's settings against the version row.
 
 Read without starting an engine. vllm-ascend's Dockerfile records no LABEL and no ENV with versions

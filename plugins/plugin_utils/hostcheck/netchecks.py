@@ -1,3 +1,6 @@
+# Copyright (c) 2026, the pd-deploy authors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
 """NPU network prechecks (hccn_tool), judged on the controller.
 
 What is checked is what vllm-ascend's multi-node PD guide has operators do by hand on every node

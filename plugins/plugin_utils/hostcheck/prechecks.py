@@ -1,3 +1,6 @@
+# Copyright (c) 2026, the pd-deploy authors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
 """Judge what the prechecks role read on one host against what its launch specs need.
 
 The role reads the host with one pd_host_probe run (paths, npu-smi, /proc/meminfo, listening ports,

@@ -1,3 +1,6 @@
+# Copyright (c) 2026, the pd-deploy authors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
 """The operator's workflow after a deploy (DOMAIN.md §5-§7): read signals, judge them, act on one knob.
 
 One module per step, plain functions; those that ``playbooks/health_check.yml``, ``baseline.yml``,

@@ -1,3 +1,6 @@
+# Copyright (c) 2026, the pd-deploy authors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
 """Step 5, the KV baseline: bare engines started at two max-model-len values, their start-up logs
 fitted back to a per-request footprint (``baseline_report``) and judged against the model's band."""
 

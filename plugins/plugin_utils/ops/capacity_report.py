@@ -1,3 +1,6 @@
+# Copyright (c) 2026, the pd-deploy authors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
 """Step 6, the capacity report: KV budget against what the configured concurrency needs, from the
 baseline's fit or the model's configured estimate (``capacity_report``, ``capacity_chart_svg``)."""
 

@@ -1,3 +1,6 @@
+# Copyright (c) 2026, the pd-deploy authors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
 """What every step of the operator's workflow reads: a model family's expected KV footprint
 (plugins/plugin_utils/data/models.yml), the normalized cluster, and byte figures for the reports."""
 

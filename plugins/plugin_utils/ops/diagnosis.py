@@ -1,3 +1,6 @@
+# Copyright (c) 2026, the pd-deploy authors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
 """Step 2, diagnosis: the article's pitfall table (DOMAIN.md §6) applied to a rank's scrapes and log.
 
 ``diagnose`` judges one rank, ``verdict`` sums findings up; ``health_ranks`` / ``health_clusters``

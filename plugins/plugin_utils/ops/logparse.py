@@ -1,3 +1,6 @@
+# Copyright (c) 2026, the pd-deploy authors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
 """Read vLLM's start-up KV cache lines and turn them into bytes per token (DOMAIN.md §5).
 
 vLLM prints, once per worker or engine process:

@@ -1,3 +1,6 @@
+# Copyright (c) 2026, the pd-deploy authors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
 """Remove hosts from their clusters (``playbooks/remove_hosts.yml``, docs/guide/scale.md "Remove hosts").
 
 ``remove_hosts_plan(plan, hosts)`` reads the validated plan (``pd_plan_fleet``) and the host names the

@@ -1,3 +1,6 @@
+# Copyright (c) 2026, the pd-deploy authors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
 """Step 4, tuning: exactly one parameter changes per step (``one_change``), the running containers
 match the plan (``spec_hashes`` / ``running_drift``), and each step is recorded (``tune_record``)."""
 

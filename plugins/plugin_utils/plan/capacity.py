@@ -1,3 +1,6 @@
+# Copyright (c) 2026, the pd-deploy authors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
 """Capacity arithmetic from the article (DOMAIN.md §4, §5): KV budget, token budgets, concurrency.
 
 All functions are pure; sizes accept human strings (``"64GiB"``) through ``plugin_utils.sizes``.

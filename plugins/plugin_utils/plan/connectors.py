@@ -1,3 +1,6 @@
+# Copyright (c) 2026, the pd-deploy authors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
 """Builders of the engine's ``--kv-transfer-config`` and ``--additional-config`` dicts.
 
 Every builder returns a new plain dict (the caller serialises it with compact JSON) and never

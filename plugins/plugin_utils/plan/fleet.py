@@ -1,3 +1,6 @@
+# Copyright (c) 2026, the pd-deploy authors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
 """Plan a whole fleet: shape check, normalization, topology, rules, launch specs, capacity.
 
 ``plan_fleet(fleet)`` is what ``playbooks/validate.yml`` runs once on the controller. It never

@@ -1,3 +1,6 @@
+# Copyright (c) 2026, the pd-deploy authors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
 """Launch specs: what each engine rank and the proxy are started with (docs/design.md "Launch spec").
 
 ``rank_spec`` renders one engine rank of a normalized cluster and its topology (``model``): image,

@@ -1,3 +1,6 @@
+# Copyright (c) 2026, the pd-deploy authors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
 """The inventory model: operator intent -> normalized clusters -> topology (launch specs: launch.py).
 
 Prefill and decode are the same shape; only their data differ. Nothing here talks to a host: the

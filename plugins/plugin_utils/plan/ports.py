@@ -1,3 +1,6 @@
+# Copyright (c) 2026, the pd-deploy authors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
 """Host ports of a cluster: what pd-deploy renders and what the engines' libraries take by themselves.
 
 Engines run with host networking, so every listener of every rank is a port of its host. Besides the

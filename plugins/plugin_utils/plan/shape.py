@@ -1,3 +1,6 @@
+# Copyright (c) 2026, the pd-deploy authors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
 """The shape check of the inventory: JSON Schema errors (plugins/plugin_utils/schemas/*.schema.json) as violations an
 operator can act on, with dotted field paths, numbers quoted by mistake and NaN named as such."""
 

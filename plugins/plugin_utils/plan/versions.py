@@ -1,3 +1,6 @@
+# Copyright (c) 2026, the pd-deploy authors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
 """Per-version keys of vllm-ascend, read from ``plugins/plugin_utils/data/versions.yml``.
 
 The table holds one row per release line ("0.23", "0.25", ..., "main"); ``version_row`` maps a

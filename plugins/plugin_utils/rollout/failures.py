@@ -1,3 +1,6 @@
+# Copyright (c) 2026, the pd-deploy authors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
 """Scan rank logs for the known failure lines of plugins/plugin_utils/data/known_failures.yml.
 
 The table is data (pattern, severity, source, fix); this module only loads it, checks its shape

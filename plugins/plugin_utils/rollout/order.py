@@ -1,3 +1,6 @@
+# Copyright (c) 2026, the pd-deploy authors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
 """What a rollout rolls and in which order: the clusters a deploy must roll (from what the probe
 found), their batches (``pd_cluster_batch``), the waves of ranks inside a cluster, and where each
 cluster's deploy lock lives. The plan (``plan.fleet.plan_fleet``) holds the batches it computes."""

@@ -1,3 +1,6 @@
+# Copyright (c) 2026, the pd-deploy authors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
 """What a deploy runs of itself under ``--tags`` / ``--skip-tags`` (docs/guide/prechecks.md, "Tags").
 
 The playbooks carry these tags: validate is ``always`` (every later play reads the plan); the prechecks

@@ -1,3 +1,6 @@
+# Copyright (c) 2026, the pd-deploy authors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
 """The package's data files (plugins/plugin_utils/data/*.yml, plugins/plugin_utils/schemas/*.json), read once,
 handed out as copies. Both folders sit inside the package (plugin_utils), so the checkout and the installed
 collection read them at the same place.

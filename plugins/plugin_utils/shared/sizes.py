@@ -1,3 +1,6 @@
+# Copyright (c) 2026, the pd-deploy authors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
 """Byte sizes: read sizes ("200GiB", "25 GiB", "1.5gib"), split them over ranks, print them back.
 
 One grammar, everywhere a size is read (inventory, extra vars, filters): an integer byte count, or a

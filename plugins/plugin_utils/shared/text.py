@@ -1,3 +1,6 @@
+# Copyright (c) 2026, the pd-deploy authors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
 """Strings that reach argv, env, labels, paths and file names, and names as messages print them.
 
 - ``shown(name)``: a host, cluster or key name as every message prints it: printable ASCII as is,

@@ -1,3 +1,6 @@
+# Copyright (c) 2026, the pd-deploy authors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
 """What the inventory may say about a host, and what it must say: fail closed, never guess.
 
 - Required host facts have no default: an IP address for HCCL (``pd_host_address`` or ``ansible_host``,

@@ -1,3 +1,6 @@
+# Copyright (c) 2026, the pd-deploy authors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
 """Values no engine would take, refused on the field the operator wrote before any rule runs.
 
 An absurd value would otherwise surface only through what follows from it: an astronomically large

@@ -1,3 +1,6 @@
+# Copyright (c) 2026, the pd-deploy authors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
 """Images from a registry: the pull policy and the registry login of each host (role pd_image).
 
 ``pd_image_pull`` says whether the deploy pulls the clusters' images on their hosts before the

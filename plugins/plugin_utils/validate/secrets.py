@@ -1,3 +1,6 @@
+# Copyright (c) 2026, the pd-deploy authors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
 """The cluster's API key (``pd_api_key``, usually an Ansible Vault value): known to the plan only as a
 redaction, injected in clear only where a container is started or a request is sent.
 

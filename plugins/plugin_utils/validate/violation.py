@@ -1,3 +1,6 @@
+# Copyright (c) 2026, the pd-deploy authors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
 """The one shape every check of pd-deploy reports in (docs/design.md "Violations").
 
 A violation is a plain dict, so that Jinja, JSON reports and ``rules.format_violation`` read it

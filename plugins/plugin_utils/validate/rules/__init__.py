@@ -1,3 +1,6 @@
+# Copyright (c) 2026, the pd-deploy authors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
 """Cross-field rules of one cluster (DOMAIN.md §3-§4): every violation, all at once.
 
 ``check_cluster(cluster, topo)`` runs each rule of ``RULES`` in order on the normalized cluster and

@@ -1,3 +1,6 @@
+# Copyright (c) 2026, the pd-deploy authors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
 """What every rule of the package reads: the per-call context and the helpers the rules share.
 
 ``_context`` makes it once per ``check_cluster`` call: the cluster, its topology, the version row (or

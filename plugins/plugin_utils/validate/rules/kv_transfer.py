@@ -1,3 +1,6 @@
+# Copyright (c) 2026, the pd-deploy authors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
 """Rules on the KV transfer connectors: Mooncake between P and D, the offload connectors and where each
 may run, and the --kv-transfer-config every instance really gets (rendered, then read back)."""
 

@@ -1,3 +1,6 @@
+# Copyright (c) 2026, the pd-deploy authors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
 """Rules on memory: HBM (gpu_memory_utilization, weights per NPU), pinned CPU offload bytes, the shm
 that pins them, and the machine RAM that holds them."""
 

@@ -1,3 +1,6 @@
+# Copyright (c) 2026, the pd-deploy authors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
 """Rules on what the release allows: the version row, the image tag, engine value types, recipe flags
 and the DeepSeek-V4 KV manager."""
 

@@ -1,3 +1,6 @@
+# Copyright (c) 2026, the pd-deploy authors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
 """Rules on placement and ports: instances fit their hosts, ports and KV port ranges unique per
 machine and out of the transport windows, and drain timing the proxy can honour."""
 
