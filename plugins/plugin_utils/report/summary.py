@@ -161,13 +161,13 @@ def rollout_summary(plan, play_hosts, targets=None, dry_run=False, outcomes=None
     their check}}, a host missing or {} where it never got there) is passed when the prechecks did not end (``targets`` is
     None outside a render): the report then names the problems found and the hosts that could not be read,
     and every cluster as not touched, instead of listing containers nobody looked at.
-    A plan that broke a rule (validate refused the deploy, no host was contacted) gets ``validate_report``
-    instead. ``rollout_skipped``: this run's --tags / --skip-tags left out the rollout (a cluster to change
+    A plan that broke a rule (validate refused the deploy, render-only too: no host was contacted, nothing
+    written) gets ``validate_report`` instead. ``rollout_skipped``: this run's --tags / --skip-tags left out the rollout (a cluster to change
     says so).
     """
+    if targets is None and not plan.get("ok", True):
+        return validate_report(plan)
     if targets is None and prechecks is not None:
-        if not plan.get("ok", True):
-            return validate_report(plan)
         return precheck_report(plan, play_hosts, prechecks)
     hosts = set(play_hosts or [])
     failed = failed_hosts(targets, outcomes) if targets is not None and outcomes is not None and not dry_run else []

@@ -132,6 +132,8 @@ def test_a_validate_refusal_reports_the_rules_broken_and_no_container():
     assert lines[-2:] == ["cluster_a: not touched: the deploy was refused before any host was contacted",
                           "cluster_b: not touched: the deploy was refused before any host was contacted"]
     assert not any(" port " in line for line in lines)
+    # a render-only deploy (no prechecks, no targets) of that plan is refused the same way, not listed
+    assert report.rollout_summary(plan, HOSTS) == lines
 
 
 @pytest.mark.parametrize("plan, prechecks", [("plan", {}), ({"clusters": {}, "hosts": {}}, {"probes": []})])
