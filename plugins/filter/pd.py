@@ -186,6 +186,7 @@ class FilterModule:
             "pd_rollout_summary": report.rollout_summary,
             "pd_rollout_failed_hosts": report.failed_hosts,
             "pd_rollout_failure_message": report.failure_message,
+            "pd_deploy_refusal": report.refusal,
             # operations (playbooks/health_check.yml, baseline.yml, capacity_report.yml, token_gate.yml,
             # tune.yml, monitoring.yml)
             "pd_parse_metrics": metrics.parse_metrics,

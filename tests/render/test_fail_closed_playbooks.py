@@ -100,7 +100,9 @@ def test_a_mistyped_switch_is_refused_before_anything_runs(runs):
     run = runs[0]["typo_switch"]
     assert run.rc != 0, str(run)
     assert "pd_render_onyl" in run.output and "pd_render_only" in run.output
-    assert "Check every host before any is touched" not in run.output
+    # no host was probed: the prechecks play matched none (the deploy went on only to report and fail)
+    assert "Read the host in one probe" not in run.output
+    assert re.search(r"PLAY \[Check every host before any is touched\][^\n]*\n\s*skipping: no hosts matched", run.output)
 
 
 def test_each_violation_is_printed_once(runs):

@@ -177,9 +177,12 @@ def test_three_breaks_are_reported_in_one_run(runs):
 def test_render_only_deploy_of_a_broken_inventory_renders_nothing(runs):
     run, build = runs["deploy"]
     assert_refused(run, build, CASES[DEPLOY_CASE][1])
-    # it stopped in the validate play: no later play ran
-    assert "Check every host before any is touched" not in run.output
-    assert "Roll out engines and proxy" not in run.output
+    # refused in the validate play: no later play had a host but the report's and the closing failure's, and
+    # the report says why instead of "launch specs written"
+    assert re.search(r"PLAY \[Check every host before any is touched\][^\n]*\n\s*skipping: no hosts matched", run.output)
+    assert "pd.deploy.pd_rollout :" not in run.output and "Render-only: launch specs written" not in run.output
+    assert "DEPLOY REFUSED BY VALIDATE: the inventory breaks" in run.output
+    assert "The deploy was refused by validate" in run.output
 
 
 def test_the_unbroken_copy_passes_and_writes_its_plan(runs):

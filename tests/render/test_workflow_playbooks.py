@@ -1,10 +1,12 @@
 """issue 23 items 4-6 through the real playbooks: tags and the prechecks entry point, --check writes
-nothing, and the closing report after a precheck failure and an unreachable host (names the problems,
-lists no container as if it ran), printed as lines and kept in the run's custom stats (AWX artifacts).
+nothing, and the closing report after a precheck failure, an unreachable host and a validate refusal
+(names the problems, lists no container as if it ran), printed as lines and kept in the run's custom
+stats (AWX artifacts), the run failed after it.
 
 The fleet is inventories/example with every host reached over the local connection and a Docker socket
 that does not exist (every host fails its prechecks: no engine), one host on 127.0.0.1 port 1 (refused:
-unreachable). Nothing but 127.0.0.1 is contacted and no container is started.
+unreachable), or one cluster's cpu_offload not a size (validate refuses). Nothing but 127.0.0.1 is
+contacted and no container is started.
 """
 
 import os
@@ -39,6 +41,12 @@ def runs(tmp_path_factory, ansible_home):
     lost.update({"ansible_connection": "ssh", "ansible_host": "127.0.0.1", "ansible_port": 1,
                  "ansible_ssh_common_args": "-o ConnectTimeout=5 -o BatchMode=yes"})
     (lost_inv / "host_vars" / "b-d1.yml").write_text(yaml.safe_dump(lost))
+    # the same fleet with a rule broken: cluster_a's decode cpu_offload is not a size
+    bad_inv = work / "bad"
+    shutil.copytree(inv, bad_inv)
+    bad = yaml.safe_load((bad_inv / "group_vars" / "cluster_a.yml").read_text())
+    bad["pd_cluster"]["decode"]["cpu_offload"] = "lots"
+    (bad_inv / "group_vars" / "cluster_a.yml").write_text(yaml.safe_dump(bad))
     build = work / "build"
     jobs = {
         "list_tags": ["deploy-pd.yml", "-i", str(inv), "--list-tags"],
@@ -47,6 +55,7 @@ def runs(tmp_path_factory, ansible_home):
         "prechecks": ["prechecks.yml", "-i", str(inv), "-e", f"pd_plan_build_dir={build}/p"],
         "deploy": ["deploy-pd.yml", "-i", str(inv), "-e", f"pd_plan_build_dir={build}/d"],
         "deploy_lost": ["deploy-pd.yml", "-i", str(lost_inv), "-e", f"pd_plan_build_dir={build}/l"],
+        "deploy_invalid": ["deploy-pd.yml", "-i", str(bad_inv), "-e", f"pd_plan_build_dir={build}/v"],
         "check_render": ["deploy-pd.yml", "-i", EXAMPLE, "-e", "pd_render_only=true", "--check", "--diff",
                          "-e", f"pd_plan_build_dir={build}/c"],
     }
@@ -100,14 +109,41 @@ def _report(run):
     return [line for line in text.split("\nok: [", 1)[0].splitlines() if line.strip()]
 
 
+def _stats(run):
+    """The custom stats as ANSIBLE_SHOW_CUSTOM_STATS prints them (one YAML-ish run of text)."""
+    assert "CUSTOM STATS" in run.output, run.output[-3000:]
+    return " ".join(run.output.split("CUSTOM STATS", 1)[1].split())
+
+
+def _closing_failure(run):
+    """The message of the deploy's last task (the play that fails the run after the report)."""
+    tail = run.output.split("TASK [Fail the deploy that did not end", 1)[1]
+    return " ".join(tail.split("Task failed: Action failed: ", 1)[1].split("\n", 1)[0].split())
+
+
 def test_a_deploy_stopped_by_its_prechecks_prints_every_hosts_problems_and_nothing_as_if_it_ran(runs):
     run = runs[0]["deploy"]
     assert run.rc != 0, str(run)
     assert_no_traceback(run)
+    lines = _report(run)
+    text = "\n".join(lines)
+    assert lines[0].startswith("DEPLOY REFUSED BY THE PRECHECKS: no container was touched"), run.output[-4000:]
+    assert lines[1] == "Problems found (fix each, then deploy again):", text
     for host in ("a-p0", "a-d0", "b-p0", "b-d0", "b-d1"):
-        assert re.search(rf"(?m)^\s*{host}: Docker engine not reachable", run.output), run.output[-3000:]
-    # every host failed the prechecks play: Ansible ends the playbook there (no rollout, no report)
-    assert "Take the deploy lock" not in run.output and "Show the containers of each cluster" not in run.output
+        # the same text the failed check printed, in the report
+        found = re.search(rf"(?m)^  {host}: Docker engine not reachable .*$", text)
+        assert found and found.group(0).strip() in run.output.split("TASK [Show the containers", 1)[0], text
+    assert lines[-2:] == ["cluster_a: not touched: the deploy stopped before its rollout",
+                          "cluster_b: not touched: the deploy stopped before its rollout"]
+    assert not any(re.search(r"^  pd-\S+ on \S+ port \d+", line) for line in lines), text
+    # nothing rolled: the rollout play matched no host, no lock was taken
+    assert "Take the deploy lock" not in run.output
+    assert re.search(r"PLAY \[Roll out the clusters that change[^\n]*\n\s*skipping: no hosts matched", run.output)
+    stats = _stats(run)
+    assert "outcome: refused by the prechecks" in stats and "DEPLOY REFUSED BY THE PRECHECKS" in stats
+    assert "cluster_b: not touched: the deploy stopped before its rollout" in stats
+    assert _closing_failure(run).startswith(
+        "The deploy was refused by the prechecks: problems on a-d0, a-p0, b-d0, b-d1, b-p0"), run.output[-2000:]
 
 
 def test_a_deploy_stopped_by_an_unreachable_host_names_it_and_the_hosts_not_judged(runs):
@@ -116,19 +152,40 @@ def test_a_deploy_stopped_by_an_unreachable_host_names_it_and_the_hosts_not_judg
     assert_no_traceback(run)
     lines = _report(run)
     text = "\n".join(lines)
-    assert lines and lines[0].startswith("DEPLOY STOPPED IN THE PRECHECKS"), run.output[-4000:]
-    assert re.search(r"(?m)^  b-d1: unreachable: .*127\.0\.0\.1", text), text
-    judged = next(line for line in lines if line.startswith("Not judged ("))
-    assert sorted(judged.split(": ", 1)[1].split(", ")) == ["a-d0", "a-p0", "b-d0", "b-p0"], judged
+    assert lines and lines[0].startswith("DEPLOY REFUSED BY THE PRECHECKS"), run.output[-4000:]
+    lost = lines.index("Hosts that could not be read (bring them back, or leave their cluster out with --limit):")
+    assert re.match(r"  b-d1: unreachable: .*127\.0\.0\.1", lines[lost + 1]), text
+    # every other host was judged all the same (the unreachable one no longer stops their checks)
+    assert not any(line.startswith("Not judged") for line in lines), text
+    for host in ("a-p0", "a-d0", "b-p0", "b-d0"):
+        assert re.search(rf"(?m)^  {host}: Docker engine not reachable", text), text
     assert "cluster_b: not touched: the deploy stopped before its rollout" in lines
     # no container listed as if it ran (the report listed each one on its port, with no state)
     assert not any(re.search(r"^  pd-\S+ on \S+ port \d+", line) for line in lines), text
     # the same report in the run's custom stats (an AWX job's artifacts), with its outcome
-    stats = run.output.split("CUSTOM STATS", 1)[1]
-    assert "pd_deploy_report" in stats and "outcome: stopped before the rollout" in stats
-    assert "DEPLOY STOPPED IN THE PRECHECKS" in stats and "cluster_b: not touched" in stats
+    stats = _stats(run)
+    assert "pd_deploy_report" in stats and "outcome: refused by the prechecks" in stats
+    assert "DEPLOY REFUSED BY THE PRECHECKS" in stats and "b-d1: unreachable:" in stats
     # printed once as text (the task's result, the stats, shows with -v only), once in the stats
     assert run.output.count("cluster_b: not touched: the deploy stopped before its rollout") == 2
+    assert "problems on a-d0, a-p0, b-d0, b-d1, b-p0" in _closing_failure(run)
+
+
+def test_a_deploy_validate_refused_reports_the_rules_and_contacts_no_host(runs):
+    run = runs[0]["deploy_invalid"]
+    assert run.rc != 0, str(run)
+    assert_no_traceback(run)
+    lines = _report(run)
+    assert lines[0] == "DEPLOY REFUSED BY VALIDATE: the inventory breaks 1 rule(s); no host was contacted and nothing was touched"
+    assert re.match(r"  ERROR cluster_a: decode\.cpu_offload: cannot read 'lots' as a size — ", lines[2]), lines
+    assert lines[-2:] == ["cluster_a: not touched: the deploy was refused before any host was contacted",
+                          "cluster_b: not touched: the deploy was refused before any host was contacted"]
+    # no host was probed: the prechecks (and the pull) matched none
+    assert "Read the host in one probe" not in run.output
+    assert re.search(r"PLAY \[Check every host before any is touched\][^\n]*\n\s*skipping: no hosts matched", run.output)
+    stats = _stats(run)
+    assert "outcome: refused by validate" in stats and "DEPLOY REFUSED BY VALIDATE" in stats
+    assert _closing_failure(run).startswith("The deploy was refused by validate: the inventory breaks 1 rule(s)")
 
 
 def test_check_mode_writes_no_file(runs):

@@ -126,11 +126,20 @@ def problems(facts):
     ``facts``: host, specs, model_path, npus_needed, ram_reserve_bytes, min_free_disk_bytes, npu_chip and
     hbm_per_npu_bytes (the inventory's pd_npu_chip / pd_hbm_per_npu), probe (the pd_host_probe result),
     checks (false with pd_prechecks_skip: only Docker and the health of
-    containers already running their spec are judged).
+    containers already running their spec are judged). A probe that is an unreachable or failed task
+    result (read nothing) is that one problem.
     """
     host = facts["host"]
     specs = facts["specs"]
     probe = facts.get("probe") or {}
+    if probe.get("unreachable") or probe.get("failed"):
+        # the probe's own task result (deploy-pd.yml goes on past it to report): nothing was read
+        why = " ".join(str(probe.get("msg") or "no answer").split())[:300]
+        if probe.get("unreachable"):
+            return [f"{host}: unreachable: {why} — bring the host back (ssh, its address, the deploy user) or "
+                    "leave its cluster out with --limit"]
+        return [f"{host}: its probe failed: {why} — fix what the message names (sudo for the deploy user, "
+                "Python on the host) and run again"]
     docker = probe.get("docker") or {}
     out = []
     if not docker.get("ok"):

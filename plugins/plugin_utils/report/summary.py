@@ -9,6 +9,7 @@ import re
 
 from ..rollout.containers import PREVIOUS, host_specs, short_id, spec_state
 from ..shared import sizes
+from ..shared.errors import PdError
 
 
 def _counts(plan):
@@ -163,8 +164,12 @@ def rollout_summary(plan, play_hosts, targets=None, dry_run=False, outcomes=None
     their check}}, a host missing or {} where it never got there) is passed when the prechecks did not end (``targets`` is
     None outside a render): the report then names the problems found and the hosts that could not be read,
     and every cluster as not touched, instead of listing containers nobody looked at.
-    ``rollout_skipped``: this run's --tags / --skip-tags left out the rollout (a cluster to change says so).
+    A plan that broke a rule (validate refused the deploy, render-only too: no host was contacted, nothing
+    written) gets ``validate_report`` instead. ``rollout_skipped``: this run's --tags / --skip-tags left out the rollout (a cluster to change
+    says so).
     """
+    if targets is None and not plan.get("ok", True):
+        return validate_report(plan)
     if targets is None and prechecks is not None:
         return precheck_report(plan, play_hosts, prechecks)
     hosts = set(play_hosts or [])
@@ -215,6 +220,59 @@ def _result_lines(result):
     return [line.rstrip() for line in str(msg or "").splitlines() if line.strip()]
 
 
+def _rule_errors(plan):
+    """The messages of the plan's errors (its warnings left out), one line each."""
+    pairs = zip(plan.get("violations") or [], plan.get("messages") or [])
+    return [" ".join(str(m).split()) for v, m in pairs if isinstance(v, dict) and v.get("level") == "error"]
+
+
+def validate_report(plan):
+    """The closing report of a deploy that validate refused: the inventory's errors, each cluster not
+    touched (no host was contacted, so no container is listed)."""
+    errors = _rule_errors(plan)
+    out = [f"DEPLOY REFUSED BY VALIDATE: the inventory breaks {len(errors)} rule(s); no host was contacted "
+           "and nothing was touched",
+           "Problems found (fix each in the inventory, then deploy again):"]
+    out += [f"  {m}" for m in errors]
+    out += [f"{name}: not touched: the deploy was refused before any host was contacted" for name in plan["clusters"]]
+    return out
+
+
+def _lost(probe):
+    return isinstance(probe, dict) and bool(probe.get("unreachable") or probe.get("failed"))
+
+
+def refusal(plan, prechecks):
+    """Why the deploy was refused before its rollout, or {} (it was not): validate's errors, or the hosts the
+    prechecks found problems on or could not read. ``prechecks`` as for ``rollout_summary``.
+
+    Returns {"stage": "validate" | "prechecks", "outcome": the report's outcome ("refused by validate", "refused
+    by the prechecks"), "hosts": [hosts with problems or lost, in plan order], "message": the run's closing
+    failure text}.
+    """
+    if not isinstance(plan, dict) or "clusters" not in plan:
+        raise PdError("pd_deploy_refusal", "plan", f"is {type(plan).__name__}, not a fleet plan",
+                      "pass hostvars['localhost'].pd_plan_fleet")
+    if not plan.get("ok", True):
+        errors = _rule_errors(plan)
+        return {"stage": "validate", "outcome": "refused by validate", "hosts": [],
+                "message": (f"The deploy was refused by validate: the inventory breaks {len(errors)} rule(s), listed "
+                            "in the report above; no host was contacted. Fix them and deploy again.")}
+    prechecks = {} if prechecks is None else prechecks
+    probes, verdicts = ((prechecks.get(k) if prechecks.get(k) is not None else {} for k in ("probes", "verdicts"))
+                        if isinstance(prechecks, dict) else (None, None))
+    if not isinstance(probes, dict) or not isinstance(verdicts, dict):
+        raise PdError("pd_deploy_refusal", "prechecks", "expected {probes: {host: result}, verdicts: {host: result}}",
+                      "pass each host's pd_prechecks_probe and pd_prechecks_verdict")
+    hosts = [h for h in plan["hosts"] if _lost(probes.get(h)) or (verdicts.get(h) or {}).get("failed")]
+    if not hosts:
+        return {}
+    return {"stage": "prechecks", "outcome": "refused by the prechecks", "hosts": hosts,
+            "message": (f"The deploy was refused by the prechecks: problems on {', '.join(hosts)}, listed in the "
+                        "report above; no container was touched. Fix them (or leave their cluster out with "
+                        "--limit) and deploy again.")}
+
+
 def precheck_report(plan, play_hosts, prechecks):
     """The closing report of a deploy that stopped before its rollout: in the prechecks (a host's problems,
     a host that could not be reached or read) or before them. Nothing was touched, so no container is
@@ -224,18 +282,19 @@ def precheck_report(plan, play_hosts, prechecks):
     problems, lost, unjudged = [], [], []
     for host in plan["hosts"]:
         probe, verdict = probes.get(host) or None, verdicts.get(host) or None
-        if isinstance(probe, dict) and (probe.get("unreachable") or probe.get("failed")):
+        if _lost(probe):
             why = " ".join(" ".join(_result_lines(probe)).split())[:300] or "no answer"
             lost.append(f"  {host}: {'unreachable' if probe.get('unreachable') else 'its probe failed'}: {why}")
         elif isinstance(verdict, dict) and verdict.get("failed"):
-            problems.extend(f"  {line}" if line.startswith(f"{host}:") else f"  {host}: {line}"
+            # a line names its host (the play's first host also judges the others' NPU network)
+            problems.extend(f"  {line}" if line.split(":", 1)[0] in plan["hosts"] else f"  {host}: {line}"
                             for line in _result_lines(verdict))
         elif not isinstance(verdict, dict):
             unjudged.append(host)
     if not problems and not lost:
         head = ["DEPLOY STOPPED before its rollout (see the failed task above); no container was touched"]
     else:
-        head = ["DEPLOY STOPPED IN THE PRECHECKS: no container was touched (every host is checked before any "
+        head = ["DEPLOY REFUSED BY THE PRECHECKS: no container was touched (every host is checked before any "
                 "changes)"]
     out = list(head)
     if problems:

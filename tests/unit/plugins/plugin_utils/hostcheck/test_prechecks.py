@@ -348,3 +348,18 @@ def test_unreadable_or_failing_npu_smi_info_is_a_problem():
     facts = _with_table("")
     facts["probe"]["npu_smi_info"] = {"rc": 1, "stdout": "", "stderr": "dcmi module initialize failed"}
     assert "npu-smi info failed (dcmi module initialize failed)" in prechecks.problems(facts)[0]
+
+
+@pytest.mark.parametrize("probe, head, fix", [
+    ({"unreachable": True, "changed": False, "msg": "Failed to connect to the host via ssh:\n  Connection refused"},
+     "a-d0: unreachable: Failed to connect to the host via ssh: Connection refused", "bring the host back"),
+    ({"failed": True, "msg": "Missing sudo password"}, "a-d0: its probe failed: Missing sudo password", "sudo"),
+])
+def test_a_probe_that_read_nothing_is_one_problem_naming_why(probe, head, fix):
+    """deploy-pd.yml goes on past an unreachable host or a failed probe (pd_prechecks_report_failure): the
+    check names that alone, not every fact the probe did not read (Docker, paths, RAM ...)."""
+    facts = dict(good_facts(), probe=probe)
+    found = prechecks.problems(facts)
+    assert len(found) == 1 and found[0].startswith(head + " — ") and fix in found[0], found
+    # nothing read is not a problem when the task succeeded
+    assert prechecks.problems(dict(good_facts(), probe=dict(good_facts()["probe"], failed=False))) == []

@@ -25,7 +25,7 @@ def _stopped_in_prechecks():
 def test_a_precheck_failure_reports_the_problems_and_no_container():
     plan = fleet.plan_fleet(example_fleet())
     lines = report.rollout_summary(plan, HOSTS, None, False, {}, {}, _stopped_in_prechecks())
-    assert lines[0].startswith("DEPLOY STOPPED IN THE PRECHECKS: no container was touched")
+    assert lines[0].startswith("DEPLOY REFUSED BY THE PRECHECKS: no container was touched")
     assert f"  {DOCKER}" in lines and "  a-p0: WARNING a-p0: Docker keeps logs unrotated" in lines
     assert "  b-d1: unreachable: Failed to connect to the host via ssh: Connection refused" in lines
     assert "Not judged (one host that fails or cannot be reached stops the prechecks of all): b-p0, b-d0" in lines
@@ -74,3 +74,69 @@ def test_the_report_task_refuses_bad_arguments_by_name(args, says):
     with pytest.raises(AnsibleActionFail) as err:
         pd_report.report_result(**args)
     assert says in str(err.value)
+
+
+def _judged(plan, problems=None, lost=None):
+    """Every host judged (deploy-pd.yml's prechecks with pd_prechecks_report_failure): ``problems`` {host: msg}
+    failed their check, ``lost`` {host: probe task result} could not be read (their check failed too)."""
+    probes = {h: {"containers": [], "failed": False} for h in plan["hosts"]}
+    verdicts = {h: {"failed": False, "msg": "All assertions passed"} for h in plan["hosts"]}
+    for host, msg in (problems or {}).items():
+        verdicts[host] = {"failed": True, "msg": msg}
+    for host, probe in (lost or {}).items():
+        probes[host] = probe
+        verdicts[host] = {"failed": True, "msg": f"{host}: unreachable: {probe['msg']} — bring the host back"}
+    return {"probes": probes, "verdicts": verdicts}
+
+
+def test_a_precheck_refusal_names_its_hosts_and_nothing_else_refuses():
+    plan = fleet.plan_fleet(example_fleet())
+    assert report.refusal(plan, _judged(plan)) == {}
+    assert report.refusal(plan, {"probes": {}, "verdicts": {}}) == {}   # --tags pull: no prechecks ran
+    lost = {"b-d1": {"unreachable": True, "msg": "Connection refused"}}
+    found = report.refusal(plan, _judged(plan, {"b-p0": f"b-p0: {DOCKER[6:]}"}, lost))
+    assert found["stage"] == "prechecks" and found["hosts"] == ["b-p0", "b-d1"]
+    assert found["message"].startswith("The deploy was refused by the prechecks: problems on b-p0, b-d1")
+    assert "no container was touched" in found["message"]
+    # a lost probe alone (its verdict missing: the prechecks stopped) refuses too
+    assert report.refusal(plan, {"probes": lost, "verdicts": {}})["hosts"] == ["b-d1"]
+    assert report.refusal(plan, _judged(plan, {"b-p0": "x"}, lost)) == found | {"message": found["message"]}
+
+
+def test_every_host_judged_the_report_lists_problems_and_lost_hosts_and_no_container():
+    plan = fleet.plan_fleet(example_fleet())
+    lost = {"b-d1": {"unreachable": True, "msg": "Failed to connect to the host via ssh: Connection refused"}}
+    prechecks = _judged(plan, {"a-p0": DOCKER}, lost)
+    lines = report.rollout_summary(plan, HOSTS, None, False, {}, {}, prechecks)
+    assert lines[0].startswith("DEPLOY REFUSED BY THE PRECHECKS: no container was touched")
+    assert f"  {DOCKER}" in lines
+    assert "  b-d1: unreachable: Failed to connect to the host via ssh: Connection refused" in lines
+    assert not any(line.startswith("Not judged") for line in lines)
+    assert not any(" port " in line for line in lines)
+
+
+def test_a_validate_refusal_reports_the_rules_broken_and_no_container():
+    bad = example_fleet.__globals__["cluster_a"]()
+    bad["decode"]["cpu_offload"] = "lots"   # not a size
+    plan = fleet.plan_fleet(example_fleet(a=bad))
+    assert not plan["ok"]
+    errors = [v for v in plan["violations"] if v["level"] == "error"]
+    found = report.refusal(plan, {"probes": {}, "verdicts": {}})
+    assert found["stage"] == "validate" and found["hosts"] == []
+    assert f"breaks {len(errors)} rule(s)" in found["message"] and "no host was contacted" in found["message"]
+    lines = report.rollout_summary(plan, HOSTS, None, False, {}, {}, {"probes": {}, "verdicts": {}})
+    assert lines[0] == (f"DEPLOY REFUSED BY VALIDATE: the inventory breaks {len(errors)} rule(s); no host was "
+                        "contacted and nothing was touched")
+    body = [line[2:] for line in lines if line.startswith("  ")]
+    assert len(body) == len(errors) and all(v["field"] in line for v, line in zip(errors, body))
+    assert lines[-2:] == ["cluster_a: not touched: the deploy was refused before any host was contacted",
+                          "cluster_b: not touched: the deploy was refused before any host was contacted"]
+    assert not any(" port " in line for line in lines)
+    # a render-only deploy (no prechecks, no targets) of that plan is refused the same way, not listed
+    assert report.rollout_summary(plan, HOSTS) == lines
+
+
+@pytest.mark.parametrize("plan, prechecks", [("plan", {}), ({"clusters": {}, "hosts": {}}, {"probes": []})])
+def test_refusal_names_the_filter_and_field_of_bad_input(plan, prechecks):
+    with pytest.raises(Exception, match=r"^pd_deploy_refusal: (plan|prechecks): "):
+        report.refusal(plan, prechecks)
