@@ -100,4 +100,6 @@ def test_paths_inside_the_checkout_are_relative_and_the_collection_symlink_is_dr
     assert pd_task_times.short_path(os.path.join(REPO, "molecule", "x", "verify.yml") + ":3") \
         == os.path.join("molecule", "x", "verify.yml") + ":3"
     assert pd_task_times.short_path("/elsewhere/play.yml:1") == "/elsewhere/play.yml:1"
+    assert pd_task_times.short_path("/v/lib/python3.11/site-packages/molecule_plugins/docker/playbooks/create.yml:9") \
+        == "molecule_plugins/docker/playbooks/create.yml:9"
     assert pd_task_times.short_path(None) == "-"

@@ -31,12 +31,14 @@ _COLLECTION = os.path.join("collections", "ansible_collections", "pd", "deploy")
 
 
 def short_path(path):
-    """A task's path:line relative to the checkout (through the collection's symlink too)."""
+    """A task's path:line relative to the checkout (through the collection's symlink too), or to
+    site-packages (Molecule's playbooks)."""
     if not path:
         return "-"
     rel = os.path.relpath(path, _REPO) if os.path.isabs(path) else path
     if rel.startswith(".." + os.sep):
-        return path
+        # Molecule's own playbooks (create.yml, ...): from the package on
+        return path.rsplit(os.sep + "site-packages" + os.sep, 1)[-1]
     return rel[len(_COLLECTION):] if rel.startswith(_COLLECTION) else rel
 
 
