@@ -31,7 +31,7 @@
 #                    its scenarios one after the other); the first lane that has a scenario to run prints
 #                    to the terminal, the others only to their logs (their tails are printed when all
 #                    lanes are done). A scenario named in no lane runs in the first lane. Default:
-#                    "default harness multicluster upgrade; failure reject; rolling ops; real-engine".
+#                    "default multicluster upgrade; failure reject; rolling ops; real-engine".
 #                    The 2 cores mostly wait (engine start-ups, health waits, the real vLLM), so four
 #                    lanes take about as long as the longest. Scenarios of different lanes share no
 #                    port, container or cluster name (tests/render/test_molecule_inventories.py checks
@@ -179,7 +179,7 @@ run_scenario() {
 # first lane with a scenario runs in the foreground (its output also on the terminal), every other in
 # a background subshell. Scenarios of different lanes share no port, container, cluster or Molecule
 # instance, so they do not see each other.
-IFS=';' read -r -a lane_specs <<<"${PD_MOLECULE_LANES-default harness multicluster upgrade; failure reject; rolling ops; real-engine}"
+IFS=';' read -r -a lane_specs <<<"${PD_MOLECULE_LANES-default multicluster upgrade; failure reject; rolling ops; real-engine}"
 ((${#lane_specs[@]})) || lane_specs=("")
 lanes=()
 for _ in "${lane_specs[@]}"; do lanes+=(""); done
