@@ -9,6 +9,8 @@ import sys
 
 import pytest
 
+from tests.harness.callback_plugins import pd_task_times
+
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PLUGINS = os.path.join(REPO, "tests", "harness", "callback_plugins")
 
@@ -89,11 +91,6 @@ def test_without_pd_task_times_nothing_is_written_and_the_output_is_ansible_s_ow
 
 
 def test_paths_inside_the_checkout_are_relative_and_the_collection_symlink_is_dropped():
-    sys.path.insert(0, PLUGINS)
-    try:
-        import pd_task_times
-    finally:
-        sys.path.remove(PLUGINS)
     collection = os.path.join(REPO, "collections", "ansible_collections", "pd", "deploy")
     assert pd_task_times.short_path(os.path.join(collection, "roles", "pd_engine", "tasks", "main.yml") + ":7") \
         == os.path.join("roles", "pd_engine", "tasks", "main.yml") + ":7"
