@@ -244,6 +244,16 @@ failure_excerpt() {
 
 failed=0
 log "all lanes done in $(awk -v a="$T_START" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.0f", b - a }') s"
+# where the time went: each scenario's slowest tasks (all of them in <logs>/<scenario>.tasks; the log has
+# ansible.posix.profile_tasks' time line under every task of Molecule's own playbooks); before the failed
+# tasks and the summary, which stay last
+log "slowest tasks by scenario (seconds summed over a task's runs, runs, phase, playbook, task; a nested playbook's tasks also count in the verify task that ran it):"
+for s in "${scenarios[@]}"; do
+  [[ -s "$LOG_DIR/$s.tasks" ]] || continue
+  printf '[run-molecule]   %s\n' "$s" >&2
+  task_table "$LOG_DIR/$s.marks" "$LOG_DIR/$s.tasks" "${PD_SLOWEST_TASKS:-10}" \
+    | awk -F'\t' '{ printf "[run-molecule]     %7.1f s %3dx  %-11s %-22s %s\n", $1, $2, $3, $4, $5 }' >&2
+done
 for s in "${scenarios[@]}"; do
   read -r res _ <"$LOG_DIR/$s.result" 2>/dev/null || res=FAILED
   [[ "$res" == passed || "$res" == missing ]] || failure_excerpt "$s"
@@ -271,14 +281,5 @@ log "seconds by phase (from Molecule's step lines; <logs>/<scenario>.phases):"
 for s in "${scenarios[@]}"; do
   [[ -s "$LOG_DIR/$s.phases" ]] || continue
   printf '[run-molecule]   %-24s %s\n' "$s" "$(awk '{ printf "%s%s %s", (NR > 1 ? ", " : ""), $1, $2 }' "$LOG_DIR/$s.phases")" >&2
-done
-# where the time went: each scenario's slowest tasks (all of them in <logs>/<scenario>.tasks; the log has
-# ansible.posix.profile_tasks' time line under every task of Molecule's own playbooks)
-log "slowest tasks by scenario (seconds summed over a task's runs, runs, phase, playbook, task; a nested playbook's tasks also count in the verify task that ran it):"
-for s in "${scenarios[@]}"; do
-  [[ -s "$LOG_DIR/$s.tasks" ]] || continue
-  printf '[run-molecule]   %s\n' "$s" >&2
-  task_table "$LOG_DIR/$s.marks" "$LOG_DIR/$s.tasks" "${PD_SLOWEST_TASKS:-10}" \
-    | awk -F'\t' '{ printf "[run-molecule]     %7.1f s %3dx  %-11s %-22s %s\n", $1, $2, $3, $4, $5 }' >&2
 done
 exit "$failed"
