@@ -19,7 +19,8 @@
 # the image build as "images") goes to <logs>/<scenario>.phases and is printed below the summary,
 # after each lane's wall time (the sum of its scenarios'), which is what the lanes are balanced by. Each
 # task's time (Molecule's playbooks and the repository's playbooks a scenario runs) goes to
-# <logs>/<scenario>.tasks, and each scenario's slowest tasks are printed last.
+# <logs>/<scenario>.tasks, and each scenario's slowest tasks are printed once every lane is done, above
+# the failed tasks and the summary.
 #
 # Env:
 #   PD_ASCEND_ROOT   fake Ascend tree (default /var/lib/pd-test/ascend), mounted in the hosts
