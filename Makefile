@@ -50,8 +50,10 @@ lint: venv
 	$(BIN)/yamllint --strict .
 	$(BIN)/ansible-lint --offline
 
+# the test files spread over every core (pytest-xdist), each file's tests in one worker, so a module's
+# fixtures (ansible-playbook runs shared by its tests) run once
 unit: venv
-	$(BIN)/pytest -q tests
+	$(BIN)/pytest -q -n auto --dist loadfile tests
 
 molecule: venv
 	PATH="$(CURDIR)/$(BIN):$$PATH" bash tests/harness/run-molecule.sh

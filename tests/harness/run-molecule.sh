@@ -17,18 +17,22 @@
 #                                          skips the sequence's own destroy step)
 # Each scenario's time by phase (Molecule's steps: create, prepare, converge, idempotence, verify, ...;
 # the image build as "images") goes to <logs>/<scenario>.phases and is printed below the summary,
-# after each lane's wall time (the sum of its scenarios'), which is what the lanes are balanced by.
+# after each lane's wall time (the sum of its scenarios'), which is what the lanes are balanced by. Each
+# task's time (Molecule's playbooks and the repository's playbooks a scenario runs) goes to
+# <logs>/<scenario>.tasks, and each scenario's slowest tasks are printed once every lane is done, above
+# the failed tasks and the summary.
 #
 # Env:
 #   PD_ASCEND_ROOT   fake Ascend tree (default /var/lib/pd-test/ascend), mounted in the hosts
 #   PD_FAKE_NPUS     NPUs in that tree (default 8)
 #   MOLECULE         molecule command (default: the repo's .venv/bin/molecule, else PATH)
 #   PD_MOLECULE_LOGS directory for per-scenario logs (default /tmp/pd-molecule-logs)
+#   PD_SLOWEST_TASKS how many of each scenario's slowest tasks the end prints (default 10)
 #   PD_MOLECULE_LANES  lanes of scenarios that run at the same time, separated by ";" (each lane runs
 #                    its scenarios one after the other); the first lane that has a scenario to run prints
 #                    to the terminal, the others only to their logs (their tails are printed when all
 #                    lanes are done). A scenario named in no lane runs in the first lane. Default:
-#                    "default harness multicluster upgrade; failure reject; rolling ops; real-engine".
+#                    "default multicluster upgrade; failure reject; rolling ops; real-engine".
 #                    The 2 cores mostly wait (engine start-ups, health waits, the real vLLM), so four
 #                    lanes take about as long as the longest. Scenarios of different lanes share no
 #                    port, container or cluster name (tests/render/test_molecule_inventories.py checks
@@ -60,10 +64,31 @@ phase_table() {  # $1 = MARKS file
        { t = $1; prev = $2 }
        END { for (i = 1; i <= n; i++) printf "%s %.1f\n", order[i], secs[order[i]] }' "$1"
 }
-# for tests/unit/test_run_molecule.py: the two functions alone, without Docker or Molecule
+# ---- task times. Molecule's playbooks and the nested runs of molecule/shared/tasks/nested-playbook.yml
+# append "<end epoch>\t<seconds>\t<playbook>\t<task>\t<file:line>" per task to PD_TASK_TIMES
+# (tests/harness/callback_plugins/pd_task_times.py). task_table prints the N slowest tasks: each task
+# (phase, playbook, file:line, name) summed over its runs (loops, includes, repeated steps), the phase
+# being the Molecule step that ran when the task started (from MARKS), as
+# "<seconds>\t<runs>\t<phase>\t<playbook>\t<task> (<file:line>)", slowest first. A nested run's
+# tasks (playbook deploy_pd.yml, ...) are also inside the time of the verify task that ran it.
+task_table() {  # $1 = MARKS file, $2 = TASKS file, $3 = how many
+  [[ -s "$2" ]] || return 0
+  awk -F'\t' -v OFS='\t' '
+    FNR == NR { split($0, m, " "); if (m[2] != "end") { n++; at[n] = m[1]; step[n] = m[2] } next }
+    NF >= 5 {
+      phase = "-"; start = $1 - $2
+      for (i = 1; i <= n; i++) if (at[i] <= start) phase = step[i]
+      key = phase OFS $3 OFS $4 " (" $5 ")"
+      secs[key] += $2; runs[key]++
+    }
+    END { for (k in secs) printf "%.1f\t%d\t%s\n", secs[k], runs[k], k }' "$1" "$2" \
+    | sort -t$'\t' -k1,1gr | head -n "$3"
+}
+# for tests/unit/test_run_molecule.py: the functions alone, without Docker or Molecule
 case "${1:-}" in
   --stamp-phases) stamp_phases "$2"; exit 0 ;;
   --phase-table) phase_table "$2"; exit 0 ;;
+  --task-table) task_table "$2" "$3" "$4"; exit 0 ;;
 esac
 export PD_ASCEND_ROOT="${PD_ASCEND_ROOT:-/var/lib/pd-test/ascend}"
 LOG_DIR="${PD_MOLECULE_LOGS:-/tmp/pd-molecule-logs}"
@@ -116,6 +141,9 @@ run_scenario() {
   log "==== scenario $s (log: $LOG_DIR/$s.log)"
   : >"$LOG_DIR/$s.log"
   : >"$marks"
+  : >"$LOG_DIR/$s.tasks"
+  # each task's time (also of the nested runs): tests/harness/callback_plugins/pd_task_times.py
+  local -x PD_TASK_TIMES="$LOG_DIR/$s.tasks"
   if [[ -n "${SCENARIO_IMAGE[$s]:-}" ]]; then
     printf '%s images\n' "$EPOCHREALTIME" >>"$marks"
     "$HERE/build-images.sh" "${SCENARIO_IMAGE[$s]}" >>"$LOG_DIR/$s.log" 2>&1 || {
@@ -152,7 +180,7 @@ run_scenario() {
 # first lane with a scenario runs in the foreground (its output also on the terminal), every other in
 # a background subshell. Scenarios of different lanes share no port, container, cluster or Molecule
 # instance, so they do not see each other.
-IFS=';' read -r -a lane_specs <<<"${PD_MOLECULE_LANES-default harness multicluster upgrade; failure reject; rolling ops; real-engine}"
+IFS=';' read -r -a lane_specs <<<"${PD_MOLECULE_LANES-default multicluster upgrade; failure reject; rolling ops; real-engine}"
 ((${#lane_specs[@]})) || lane_specs=("")
 lanes=()
 for _ in "${lane_specs[@]}"; do lanes+=(""); done
@@ -217,6 +245,16 @@ failure_excerpt() {
 
 failed=0
 log "all lanes done in $(awk -v a="$T_START" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.0f", b - a }') s"
+# where the time went: each scenario's slowest tasks (all of them in <logs>/<scenario>.tasks; the log has
+# ansible.posix.profile_tasks' time line under every task of Molecule's own playbooks); before the failed
+# tasks and the summary, which stay last
+log "slowest tasks by scenario (seconds summed over a task's runs, runs, phase, playbook, task; a nested playbook's tasks also count in the verify task that ran it):"
+for s in "${scenarios[@]}"; do
+  [[ -s "$LOG_DIR/$s.tasks" ]] || continue
+  printf '[run-molecule]   %s\n' "$s" >&2
+  task_table "$LOG_DIR/$s.marks" "$LOG_DIR/$s.tasks" "${PD_SLOWEST_TASKS:-10}" \
+    | awk -F'\t' '{ printf "[run-molecule]     %7.1f s %3dx  %-11s %-22s %s\n", $1, $2, $3, $4, $5 }' >&2
+done
 for s in "${scenarios[@]}"; do
   read -r res _ <"$LOG_DIR/$s.result" 2>/dev/null || res=FAILED
   [[ "$res" == passed || "$res" == missing ]] || failure_excerpt "$s"

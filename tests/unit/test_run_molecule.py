@@ -59,3 +59,33 @@ def test_phase_table_of_a_scenario_that_ran_no_step_is_empty(tmp_path):
     assert _script("--phase-table", str(marks)).split() == ["images", "10.0"]
     marks.write_text("1010 end\n")
     assert _script("--phase-table", str(marks)) == ""
+
+
+def test_task_table_sums_each_task_over_its_runs_by_phase_slowest_first(tmp_path):
+    marks = tmp_path / "marks"
+    marks.write_text("1000 destroy\n1010 converge\n1100 idempotence\n1150 verify\n1400 destroy\n1410 end\n")
+    tasks = tmp_path / "tasks"
+    # end, seconds, playbook, task, file:line (what tests/harness/callback_plugins/pd_task_times.py writes)
+    tasks.write_text("\n".join([
+        "1050.0\t30.0\tconverge.yml\tpd.deploy.pd_engine : Wait for health\troles/pd_engine/tasks/main.yml:10",
+        "1090.0\t2.5\tconverge.yml\tShow it\tmolecule/x/converge.yml:5",
+        "1120.0\t4.0\tconverge.yml\tpd.deploy.pd_engine : Wait for health\troles/pd_engine/tasks/main.yml:10",
+        "1200.0\t20.0\tdeploy_pd.yml\tpd.deploy.pd_engine : Wait for health\troles/pd_engine/tasks/main.yml:10",
+        "1210.0\t21.25\tdeploy_pd.yml\tpd.deploy.pd_engine : Wait for health\troles/pd_engine/tasks/main.yml:10",
+        "1230.0\t80.0\tverify.yml\tRun playbooks/deploy_pd.yml\tmolecule/shared/tasks/nested-playbook.yml:8",
+        "a line cut short by a killed run",
+        "",
+    ]))
+    rows = [line.split("\t") for line in
+            _script("--task-table", str(marks), str(tasks), "3").splitlines()]
+    assert rows == [
+        ["80.0", "1", "verify", "verify.yml", "Run playbooks/deploy_pd.yml (molecule/shared/tasks/nested-playbook.yml:8)"],
+        ["41.2", "2", "verify", "deploy_pd.yml", "pd.deploy.pd_engine : Wait for health (roles/pd_engine/tasks/main.yml:10)"],
+        ["30.0", "1", "converge", "converge.yml", "pd.deploy.pd_engine : Wait for health (roles/pd_engine/tasks/main.yml:10)"],
+    ]
+
+
+def test_task_table_without_task_times_is_empty(tmp_path):
+    marks = tmp_path / "marks"
+    marks.write_text("1000 destroy\n1010 end\n")
+    assert _script("--task-table", str(marks), str(tmp_path / "none"), "10") == ""
