@@ -187,42 +187,6 @@ def refusal(cluster, lock_host, path, holder, state, break_asked, named=None):
             f" to break it{only}; this cluster was not touched.")
 
 
-def run_of(task_vars):
-    """The holder record of this run (``_pd_deploy_lock_run`` when a caller fixes it), with its AWX job id."""
-    run = task_vars.get("_pd_deploy_lock_run") or this_run()
-    job = job_of(task_vars)
-    return dict(run, job=job) if job and not run.get("job") else run
-
-
-def decide(got, cluster, host, run, break_value, mode="acquired"):
-    """What to do with a module's lock result ``got`` ({acquired, holder, path}; pd_deploy_lock's, or
-    pd_host_probe's ``lock``): None when it stands (taken, given back, free, or the module failed), the
-    holder's state (stale, unproven, unknown) when pd_deploy_break_lock (``break_value``) asks to break it
-    and its holder is not live; raises AnsibleActionFail with the refusal otherwise (lock_refused: the
-    deploy's report says this cluster was not touched, held by that run)."""
-    holder = got.get("holder")
-    if got.get("failed") or mode == "released" or got.get("acquired") or holder is None:
-        return None
-    break_any, named = break_request(break_value)
-    state = holder_state(holder, run["controller"])
-    # the switch breaks any holder that is not live; a name only the holder it names
-    break_asked = break_any or names_holder(holder, named)
-    if break_asked and state != "live":
-        return state
-    raise AnsibleActionFail(refusal(cluster, host, got.get("path"), holder, state, break_asked,
-                                    None if break_asked else named),
-                            result={"lock_refused": True, "cluster": cluster, "holder": holder,
-                                    "holder_state": state, "held_by": describe(holder)})
-
-
-def broke(cluster, holder, state):
-    """The warning (shown) and message of a lock broken from ``holder`` in ``state``."""
-    msg = (f"broke the deploy lock of cluster {cluster} held by {describe(holder)} "
-           f"({BROKEN_WHY[state]}){pid_now(holder) if state != 'unknown' else ''}")
-    display.warning(msg)
-    return msg
-
-
 class ActionModule(ActionBase):
     """Fills in the holder; refuses (or, when asked, breaks) a lock held by another run."""
 
@@ -232,21 +196,37 @@ class ActionModule(ActionBase):
         task_vars = task_vars or {}
         result = super().run(tmp, task_vars)
         args = dict(self._task.args)
-        break_value = args.pop("break_lock", task_vars.get("pd_deploy_break_lock", False))
+        break_any, named = break_request(args.pop("break_lock", task_vars.get("pd_deploy_break_lock", False)))
         host = args.pop("lock_host", None) or task_vars.get("inventory_hostname", "?")
-        run = run_of(task_vars)
+        run = task_vars.get("_pd_deploy_lock_run") or this_run()
+        job = job_of(task_vars)
+        if job and not run.get("job"):
+            run = dict(run, job=job)
         args["holder"] = run
         module = self._task.action or "pd_deploy_lock"
         got = self._execute_module(module, module_args=args, task_vars=task_vars)
         mode = args.get("state", "acquired")
-        state = decide(got, args.get("cluster"), host, run, break_value, mode)
-        # a check (state=checked) that may break the lock goes on without breaking it
-        if state is None or mode == "checked":
+        holder = got.get("holder")
+        # released, ours, or free (a check, or check mode): nothing to refuse
+        if got.get("failed") or mode == "released" or got.get("acquired") or holder is None:
             result.update(got)
             return result
-        holder = got["holder"]
-        got = self._execute_module(module, module_args=dict(args, force=True), task_vars=task_vars)
-        if got.get("acquired"):
-            got["msg"] = broke(args.get("cluster"), holder, state)
-        result.update(got)
-        return result
+        state = holder_state(holder, run["controller"])
+        # the switch breaks any holder that is not live; a name only the holder it names
+        break_asked = break_any or names_holder(holder, named)
+        if break_asked and state != "live" and mode == "checked":
+            result.update(got)
+            return result
+        if break_asked and state != "live":
+            got = self._execute_module(module, module_args=dict(args, force=True), task_vars=task_vars)
+            if got.get("acquired"):
+                got["msg"] = (f"broke the deploy lock of cluster {args.get('cluster')} held by {describe(holder)} "
+                              f"({BROKEN_WHY[state]}){pid_now(holder) if state != 'unknown' else ''}")
+                display.warning(got["msg"])
+            result.update(got)
+            return result
+        # lock_refused: the deploy's report says this cluster was not touched, held by that run
+        raise AnsibleActionFail(refusal(args.get("cluster"), host, got.get("path"), holder, state, break_asked,
+                                        None if break_asked else named),
+                                result={"lock_refused": True, "cluster": args.get("cluster"), "holder": holder,
+                                        "holder_state": state, "held_by": describe(holder)})

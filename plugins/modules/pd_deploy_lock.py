@@ -73,8 +73,10 @@ path:
   returned: always
 """
 
+import os
+
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.pd.deploy.plugins.module_utils.pd_lock import lock_path, read_holder, release, take
+from ansible_collections.pd.deploy.plugins.module_utils.pd_lock import create, read_holder, release
 
 
 def main():
@@ -94,23 +96,30 @@ def main():
     )
     p = module.params
     cluster, mine = p["cluster"], p["holder"]
-    try:
-        path = lock_path(p["dir"], cluster)
-    except ValueError as exc:
-        module.fail_json(msg=str(exc))
+    if not cluster or "/" in cluster or cluster.startswith("."):
+        module.fail_json(msg=f"cluster {cluster!r} is not a usable lock file name")
+    path = os.path.join(p["dir"], f"{cluster}.lock")
     out = {"path": path, "acquired": False, "holder": None, "broken": None, "changed": False}
+    found = read_holder(path)
+    ours = found is not None and found.get("run_id") == mine.get("run_id")
     if p["state"] == "checked" or module.check_mode:
-        found = read_holder(path)
-        ours = found is not None and found.get("run_id") == mine.get("run_id")
         module.exit_json(**{**out, "holder": found, "acquired": ours})
     if p["state"] == "released":
         released, found = release(path, mine.get("run_id"))
         module.exit_json(**{**out, "changed": released, "holder": None if released else found})
+    if ours:
+        module.exit_json(**{**out, "acquired": True, "holder": found})
     try:
-        module.exit_json(**take(p["dir"], path, mine, p["force"]))
+        os.makedirs(p["dir"], mode=0o755, exist_ok=True)
+        if found is not None and p["force"]:
+            os.unlink(path)
+            out["broken"] = found
+        if create(path, mine):
+            module.exit_json(**{**out, "acquired": True, "holder": mine, "changed": True})
     except OSError as exc:
         module.fail_json(msg=f"cannot write the deploy lock {path}: {exc} — check that {p['dir']} is writable "
                              "(pd_rollout_lock_dir)", path=path)
+    module.exit_json(**{**out, "holder": read_holder(path) or found or {}})
 
 
 if __name__ == "__main__":

@@ -5,8 +5,7 @@ DOCUMENTATION = r"""
 module: pd_host_probe
 short_description: Read an Ascend host's devices, driver, RAM, ports, disk, images and pd-deploy containers
 description:
-  - One module run per host instead of one task per fact; it only reads and never changes the host, except
-    for the deploy lock that O(lock) asks it to take first.
+  - One module run per host instead of one task per fact; it only reads and never changes the host.
   - Judging what it read is left to the pd_precheck_problems filter on the controller.
   - Containers are those labelled C(label); each one named in O(containers) that runs with the given
     spec hash has its health URL probed.
@@ -86,17 +85,6 @@ options:
     description: Seconds between two probes of one URL.
     type: float
     default: 2
-  lock:
-    description:
-      - A cluster's deploy lock (pd_deploy_lock's file) to take on this host before anything is read -
-        C(cluster), C(dir), C(holder) (this run; set by the action plugin of the same name) and C(force)
-        (break another holder's lock; the action plugin sets it when pd_deploy_break_lock asks and the
-        holder is not alive). The rollout's read of a host that keeps its cluster's lock, so that taking
-        the lock costs no module run of its own.
-      - When another run holds it, nothing is read (only RV(lock) is returned) and the action plugin
-        refuses, naming the holder, as pd_deploy_lock does. Not taken in check mode (its holder is reported).
-    type: dict
-    default: {}
 author: pd-deploy maintainers (!UNKNOWN)
 """
 
@@ -183,11 +171,6 @@ diff:
   type: list
   elements: dict
   returned: when O(diff_specs) finds a container to change
-lock:
-  description: The lock of O(lock) - path, acquired (this run holds it now; the host was read after it was
-    taken), holder, broken (the holder it replaced), changed, cluster and host.
-  type: dict
-  returned: when O(lock) is set
 wiring:
   description: For each O(containers) entry with a C(wiring_url) (a PD proxy) running its current hash, the instances
     it serves now ({name -> {prefill, decode}}, or {name -> {error}}), read with an empty C(/instances/add), which
@@ -209,7 +192,6 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.pd.deploy.plugins.module_utils.pd_drain import listed_instances, load_serving, serving_view, started_at
 from ansible_collections.pd.deploy.plugins.module_utils.pd_http import docker, wait_all
 from ansible_collections.pd.deploy.plugins.module_utils.pd_launch import container_diff, dropped
-from ansible_collections.pd.deploy.plugins.module_utils.pd_lock import lock_path, read_holder, release, take
 
 LISTEN = "0A"
 
@@ -502,49 +484,10 @@ def main():
             "diff_specs": {"type": "list", "elements": "dict", "default": []},
             "probe_timeout": {"type": "float", "default": 10.0},
             "probe_interval": {"type": "float", "default": 2.0},
-            "lock": {"type": "dict", "default": {}},
         },
         supports_check_mode=True,
     )
     p = module.params
-    lock = take_lock(module, p["lock"]) if p["lock"] else None
-    if lock is not None and not lock["acquired"]:
-        module.exit_json(changed=False, lock=lock)  # held by another run: nothing read (the action plugin refuses)
-    try:
-        result = read_host(module, p)
-    except Exception:
-        # a lock this run took is given back: nothing was changed on the host, the batch stops
-        if lock and lock["changed"]:
-            release(lock["path"], p["lock"]["holder"].get("run_id"))
-        raise
-    if lock is not None:
-        result.update(lock=lock, changed=result["changed"] or lock["changed"])
-    module.exit_json(**result)
-
-
-def take_lock(module, spec):
-    """The lock result of O(lock): taken (or, in check mode, only looked at)."""
-    cluster, directory, mine = spec.get("cluster"), spec.get("dir") or "/var/lib/pd-deploy/locks", spec.get("holder")
-    if not isinstance(mine, dict) or not mine.get("run_id"):
-        module.fail_json(msg="lock.holder: no run id; pd_host_probe's action plugin sets it (run the module as "
-                             "pd.deploy.pd_host_probe)")
-    try:
-        path = lock_path(directory, cluster)
-    except ValueError as exc:
-        module.fail_json(msg=f"lock.cluster: {exc}")
-    base = {"cluster": cluster, "path": path, "broken": None, "changed": False}
-    if module.check_mode:
-        found = read_holder(path)
-        return {**base, "holder": found, "acquired": found is not None and found.get("run_id") == mine["run_id"]}
-    try:
-        return dict(take(directory, path, mine, bool(spec.get("force"))), cluster=cluster)
-    except OSError as exc:
-        module.fail_json(msg=f"cannot write the deploy lock {path}: {exc} — check that {directory} is writable "
-                             "(pd_rollout_lock_dir)", lock=dict(base, acquired=False, holder=None))
-
-
-def read_host(module, p):
-    """What the module reads (its RETURN but C(lock)), diffs included."""
     sock = p["docker_socket"]
     ok, msg, containers = list_containers(sock, p["label"])
     # a host whose every rank runs its launch spec starts nothing in this run: its NPU (npu-smi), NPU
@@ -591,7 +534,7 @@ def read_host(module, p):
     diffs = spec_diffs(sock, p["diff_specs"], containers) if ok and p["diff_specs"] else []
     if diffs:
         result.update(diff=diffs, changed=module.check_mode)
-    return result
+    module.exit_json(**result)
 
 
 if __name__ == "__main__":

@@ -168,43 +168,40 @@ def test_the_rollouts_one_argument_check_refuses_a_bad_variable_of_each_role_it_
     assert {"pd_container_health_delay", "pd_proxy_smoke", "pd_rollout_lock_dir"} <= set(bad["argument_spec_data"])
 
 
-# ---- the locks: taken in the rollout's read, given back in the log scan's read ---------------------
+# ---- the locks go back in the log scan's read, the rest in the unlock task -------------------------
 
 def _named(path, prefix):
     return next(t for t in _flat(_tasks(path)) if t.get("name", "").startswith(prefix))
 
 
-def _lock_play(tmp_path, before=(), extra=()):
-    """The batch's lock, read, log read and unlock tasks as the role runs them (the role's vars, the real
-    modules and action plugins) on hosts h1 and h2 of a batch: c1's lock is kept on h1, c2's on h2, c3's on
-    "far", a host outside the batch (--limit). ``before``: tasks run first. Returns (rc, tasks' results,
-    output text, lock directory)."""
+@pytest.mark.ansible
+def test_the_log_read_gives_back_the_locks_kept_on_its_host_and_the_unlock_task_the_others(tmp_path):
+    """The batch's lock, read and unlock tasks as the role runs them (the role's vars, the real modules):
+    a lock kept on a host of the batch goes back in that host's log read; one kept on a host outside the
+    batch (--limit) by the unlock task; a lock another run holds is left to it."""
     locks = tmp_path / "locks"
     take = _named(ROLES / "pd_rollout/tasks/main.yml", "Take the deploy lock")
-    read = _named(ROLES / "pd_rollout/tasks/main.yml", "Read which containers this host runs now")
-    logs = _named(ROLES / "pd_rollout/tasks/scan_logs.yml", "Read the last lines")
+    read = _named(ROLES / "pd_rollout/tasks/scan_logs.yml", "Read the last lines")
     unlock = _named(ROLES / "pd_rollout/tasks/unlock.yml", "Give back the deploy lock")
-    sock = str(tmp_path / "no-docker.sock")  # no Docker here: the reads report it unreachable
-    read["pd.deploy.pd_host_probe"].update(images=[], diff_specs=[])
-    logs["pd.deploy.pd_container_logs"]["names"] = ["pd-c1-prefill0-dp0"]
-    for task in (take, read, logs, unlock):
+    read["pd.deploy.pd_container_logs"]["names"] = ["pd-c1-prefill0-dp0"]  # no Docker here: reported as unreadable
+    for task in (take, read, unlock):
         task.pop("become")  # this test runs as whoever runs pytest, on files under tmp_path
         task.pop("tags", None)
     role_vars = _tasks(ROLES / "pd_rollout/vars/main.yml")
-    play_vars = {"_pd_rollout_lock_here": role_vars["_pd_rollout_lock_here"],
-                 "_pd_rollout_locks": [{"cluster": "c1", "host": "h1"}, {"cluster": "c2", "host": "h2"},
-                                       {"cluster": "c3", "host": "far"}],
-                 "pd_rollout_lock_dir": str(locks), "pd_rollout_scan_lines": 10, "pd_rollout_docker_socket": sock}
+    play_vars = {k: role_vars[k] for k in ("_pd_rollout_held", "_pd_rollout_released")}
+    # c1 and c2 on hosts of the batch; c3 on a host outside it (--limit): each its own first host
+    play_vars.update(_pd_rollout_locks=[{"cluster": "c1", "host": "h1"}, {"cluster": "c2", "host": "h2"},
+                                        {"cluster": "c3", "host": "far"}],
+                     pd_rollout_lock_dir=str(locks), pd_rollout_scan_lines=10,
+                     pd_rollout_docker_socket=str(tmp_path / "no-docker.sock"))
     look = {"name": "Lock files", "ansible.builtin.find": {"paths": str(locks), "patterns": "*.lock"},
             "run_once": True, "register": "found"}
-    # another run takes c2's lock between the batch's reads (it cannot while this run holds it; as if it
-    # had been broken): the log read of h2 leaves it alone
+    # another run takes c2's lock back between the batch's take and its read: its read leaves it alone
     other = {"name": "Another run's lock", "ansible.builtin.copy": {
         "dest": str(locks / "c2.lock"), "content": json.dumps({"run_id": "elsewhere:1:1", "pid": 1})},
         "run_once": True}
-    play = [{"hosts": "h1,h2", "gather_facts": False, "any_errors_fatal": True, "vars": play_vars,
-             "tasks": [*before, take, read, dict(look, register="after_take"), other, logs,
-                       dict(look, register="after_read"), unlock, look]}]
+    play = [{"hosts": "h1,h2", "gather_facts": False, "vars": play_vars, "tasks": [
+        take, dict(look, register="after_take"), other, read, dict(look, register="after_read"), unlock, look]}]
     (tmp_path / "play.yml").write_text(yaml.safe_dump(play))
     (tmp_path / "hosts.yml").write_text(yaml.safe_dump({"all": {
         "hosts": {h: {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}
@@ -212,68 +209,22 @@ def _lock_play(tmp_path, before=(), extra=()):
     env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), ANSIBLE_LOAD_CALLBACK_PLUGINS="1",
                ANSIBLE_STDOUT_CALLBACK="ansible.builtin.json", ANSIBLE_NOCOLOR="1")
     proc = subprocess.run([str(Path(sys.executable).parent / "ansible-playbook"), str(tmp_path / "play.yml"),
-                           "-i", str(tmp_path / "hosts.yml"), *extra],
+                           "-i", str(tmp_path / "hosts.yml")],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=180)
-    return proc.returncode, json.loads(proc.stdout)["plays"][0]["tasks"], proc.stdout + proc.stderr, locks
+    tasks = json.loads(proc.stdout)["plays"][0]["tasks"]
+    assert proc.returncode == 0, proc.stdout[-3000:]
 
+    def files(index):
+        return sorted(Path(f["path"]).name for f in tasks[index]["hosts"]["h1"]["files"])
 
-def _files(result):
-    return sorted(Path(f["path"]).name for f in result["hosts"]["h1"]["files"])
-
-
-@pytest.mark.ansible
-def test_the_read_takes_the_lock_kept_on_its_host_and_the_log_read_gives_it_back(tmp_path):
-    """A lock kept on a host of the batch is taken by that host's read (before it reads) and given back by
-    its log read; one kept outside the batch (--limit) by the lock and unlock tasks; a lock another run
-    holds is left to it."""
-    rc, tasks, out, locks = _lock_play(tmp_path)
-    assert rc == 0, out[-3000:]
-    take, read, after_take, _, logs, after_read, unlock, final = tasks
-    assert [r["item"]["cluster"] for r in take["hosts"]["h1"]["results"]] == ["c3"]  # only the one outside
-    for host, cluster in (("h1", "c1"), ("h2", "c2")):
-        lock = read["hosts"][host]["lock"]
-        assert lock["acquired"] and lock["changed"] and lock["cluster"] == cluster and lock["host"] == host
-        assert lock["path"] == str(locks / f"{cluster}.lock") and lock["holder"]["run_id"]
-        assert read["hosts"][host]["docker"]["ok"] is False  # and it read the host after taking it
-    assert _files(after_take) == ["c1.lock", "c2.lock", "c3.lock"]
-    assert logs["hosts"]["h1"]["released"] == [str(locks / "c1.lock")] and logs["hosts"]["h1"]["changed"]
-    assert logs["hosts"]["h2"]["released"] == [] and not logs["hosts"]["h2"]["changed"]  # another run's now
-    assert logs["hosts"]["h1"]["logs"][0]["status"] == 0  # the log read still reports each rank
-    assert _files(after_read) == ["c2.lock", "c3.lock"]
+    assert files(1) == ["c1.lock", "c2.lock", "c3.lock"]
+    reads = tasks[3]["hosts"]
+    assert reads["h1"]["released"] == [str(locks / "c1.lock")] and reads["h1"]["changed"]
+    assert reads["h2"]["released"] == [] and not reads["h2"]["changed"]  # c2's is another run's now
+    assert reads["h1"]["logs"][0]["status"] == 0  # the read itself still reports each rank
+    assert files(4) == ["c2.lock", "c3.lock"]
     # the unlock task: c1 skipped (given back), c2 tried and left to its holder, c3 given back
-    items = {r["item"]["cluster"]: r for r in unlock["hosts"]["h1"]["results"]}
+    items = {r["item"]["cluster"]: r for r in tasks[5]["hosts"]["h1"]["results"]}
     assert items["c1"].get("skipped") and not items["c2"].get("skipped") and items["c3"]["changed"]
-    assert _files(final) == ["c2.lock"]
+    assert files(6) == ["c2.lock"]
     assert json.loads((locks / "c2.lock").read_text())["run_id"] == "elsewhere:1:1"
-
-
-@pytest.mark.ansible
-@pytest.mark.parametrize("breaking", [False, True])
-def test_a_lock_another_run_holds_stops_the_batch_at_the_read_unless_broken(tmp_path, breaking):
-    """c1's lock held by a run of another controller: h1's read refuses, naming the holder, reads
-    nothing, and the whole batch stops there (nothing after it runs, h2 neither); with
-    pd_deploy_break_lock=true the read breaks it with a warning, takes it, and reads the host."""
-    foreign = {"run_id": "ctl-other:4242:1", "controller": "ctl-other", "user": "sre", "pid": 4242, "pid_start": 1,
-               "started": "2026-12-01T10:02:00Z"}
-    held = {"name": "Another controller holds c1's lock", "ansible.builtin.copy": {
-        "dest": str(tmp_path / "locks" / "c1.lock"), "content": json.dumps(foreign)}, "run_once": True}
-    mkdir = {"name": "Lock directory", "ansible.builtin.file": {"path": str(tmp_path / "locks"), "state": "directory",
-                                                                 "mode": "0755"}, "run_once": True}
-    extra = ("-e", "pd_deploy_break_lock=true") if breaking else ()
-    rc, tasks, out, locks = _lock_play(tmp_path, before=[mkdir, held], extra=extra)
-    read = tasks[3]["hosts"]
-    if not breaking:
-        assert rc != 0 and len(tasks) == 4  # the batch stopped at the read
-        refused = read["h1"]
-        assert refused["failed"] and refused["lock_refused"] and refused["cluster"] == "c1"
-        assert refused["msg"].startswith(f"cluster c1: its deploy lock (h1:{locks / 'c1.lock'}) is held by another run: "
-                                         "sre@ctl-other, ansible-playbook pid 4242")
-        assert "pd_deploy_break_lock=true" in refused["msg"] and "containers" not in refused
-        assert refused["held_by"].startswith("sre@ctl-other")
-        assert json.loads((locks / "c1.lock").read_text()) == foreign  # untouched
-        return
-    assert rc == 0, out[-3000:]
-    lock = read["h1"]["lock"]
-    assert lock["acquired"] and lock["broken"] == foreign and "broke the deploy lock of cluster c1 held by sre@ctl-other" in out
-    assert read["h1"]["docker"]["ok"] is False  # read after the lock was taken
-    assert not (locks / "c1.lock").exists()  # given back by the log read
