@@ -2,7 +2,8 @@
 # Copyright (c) 2026, the pd-deploy authors
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
-"""Read the logs of several containers through the Docker Engine API in one module run."""
+"""Read the logs of several containers through the Docker Engine API in one module run (and give back
+the deploy locks this run holds on the host, when asked: the rollout's last module run there)."""
 
 DOCUMENTATION = r"""
 module: pd_container_logs
@@ -26,6 +27,18 @@ options:
     description: Docker Engine API socket.
     type: path
     default: /var/run/docker.sock
+  release_locks:
+    description:
+      - Deploy lock files (pd_deploy_lock) to give back after the logs are read, each only when the run
+        C(lock_run_id) holds it; a lock that is gone or held by another run is left as it is.
+      - The rollout's log scan is the last module run of a batch on the lock's host, so the lock goes back
+        in that run instead of a pd_deploy_lock run of its own. Not in check mode (nothing is written).
+    type: list
+    elements: path
+    default: []
+  lock_run_id:
+    description: The run id (pd_deploy_lock's C(holder.run_id)) whose locks C(release_locks) gives back.
+    type: str
 author: pd-deploy maintainers (!UNKNOWN)
 """
 
@@ -51,6 +64,7 @@ import urllib.parse
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.pd.deploy.plugins.module_utils.pd_http import docker_raw
+from ansible_collections.pd.deploy.plugins.module_utils.pd_lock import release
 
 
 def read_logs(socket_path, names, tail):
@@ -73,14 +87,27 @@ def main():
             "names": {"type": "list", "elements": "str", "required": True},
             "tail": {"type": "str", "default": "all"},
             "docker_socket": {"type": "path", "default": "/var/run/docker.sock"},
+            "release_locks": {"type": "list", "elements": "path", "default": []},
+            "lock_run_id": {"type": "str"},
         },
-        supports_check_mode=True,  # only reads
+        supports_check_mode=True,  # reads; gives back no lock in check mode
     )
     p = module.params
     tail = str(p["tail"]).strip()
     if tail != "all" and not tail.isdigit():
         module.fail_json(msg=f"tail: {tail!r} is neither a number of lines nor 'all'")
-    module.exit_json(changed=False, logs=read_logs(p["docker_socket"], p["names"], tail))
+    logs = read_logs(p["docker_socket"], p["names"], tail)
+    released = []
+    if p["release_locks"] and not module.check_mode:
+        if not p["lock_run_id"]:
+            module.fail_json(msg="lock_run_id: empty; it names the run whose locks release_locks gives back", logs=logs)
+        for path in p["release_locks"]:
+            try:
+                if release(path, p["lock_run_id"])[0]:
+                    released.append(path)
+            except OSError as exc:
+                module.fail_json(msg=f"cannot give back the deploy lock {path}: {exc}", logs=logs, released=released)
+    module.exit_json(changed=bool(released), logs=logs, released=released)
 
 
 if __name__ == "__main__":

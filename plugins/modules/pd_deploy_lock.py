@@ -76,33 +76,10 @@ path:
   returned: always
 """
 
-import json
 import os
 
 from ansible.module_utils.basic import AnsibleModule
-
-
-def read_holder(path):
-    """The holder recorded in ``path``; {} for an unreadable or empty file (a run killed mid-write)."""
-    try:
-        with open(path, encoding="utf-8") as handle:
-            data = json.load(handle)
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
-
-
-def create(path, holder):
-    """Create the lock file with O_EXCL; False when it exists."""
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-    except FileExistsError:
-        return False
-    with os.fdopen(fd, "w", encoding="utf-8") as handle:
-        json.dump(holder, handle, sort_keys=True)
-    return True
+from ansible_collections.pd.deploy.plugins.module_utils.pd_lock import create, read_holder, release
 
 
 def main():
@@ -131,10 +108,8 @@ def main():
     if p["state"] == "checked" or module.check_mode:
         module.exit_json(**{**out, "holder": found, "acquired": ours})
     if p["state"] == "released":
-        if ours:
-            os.unlink(path)
-            out["changed"] = True
-        module.exit_json(**{**out, "holder": None if ours else found})
+        released, found = release(path, mine.get("run_id"))
+        module.exit_json(**{**out, "changed": released, "holder": None if released else found})
     if ours:
         module.exit_json(**{**out, "acquired": True, "holder": found})
     try:

@@ -166,3 +166,65 @@ def test_the_rollouts_one_argument_check_refuses_a_bad_variable_of_each_role_it_
     # the options the rollout's roles pass themselves are not in this check
     assert set(bad["argument_spec_data"]).isdisjoint(_tasks(ROLES / "pd_rollout/vars/main.yml")["_pd_rollout_passed_options"])
     assert {"pd_container_health_delay", "pd_proxy_smoke", "pd_rollout_lock_dir"} <= set(bad["argument_spec_data"])
+
+
+# ---- the locks go back in the log scan's read, the rest in the unlock task -------------------------
+
+def _named(path, prefix):
+    return next(t for t in _flat(_tasks(path)) if t.get("name", "").startswith(prefix))
+
+
+@pytest.mark.ansible
+def test_the_log_read_gives_back_the_locks_kept_on_its_host_and_the_unlock_task_the_others(tmp_path):
+    """The batch's lock, read and unlock tasks as the role runs them (the role's vars, the real modules):
+    a lock kept on a host of the batch goes back in that host's log read; one kept on a host outside the
+    batch (--limit) by the unlock task; a lock another run holds is left to it."""
+    locks = tmp_path / "locks"
+    take = _named(ROLES / "pd_rollout/tasks/main.yml", "Take the deploy lock")
+    read = _named(ROLES / "pd_rollout/tasks/scan_logs.yml", "Read the last lines")
+    unlock = _named(ROLES / "pd_rollout/tasks/unlock.yml", "Give back the deploy lock")
+    read["pd.deploy.pd_container_logs"]["names"] = ["pd-c1-prefill0-dp0"]  # no Docker here: reported as unreadable
+    for task in (take, read, unlock):
+        task.pop("become")  # this test runs as whoever runs pytest, on files under tmp_path
+        task.pop("tags", None)
+    role_vars = _tasks(ROLES / "pd_rollout/vars/main.yml")
+    play_vars = {k: role_vars[k] for k in ("_pd_rollout_held", "_pd_rollout_released")}
+    # c1 and c2 on hosts of the batch; c3 on a host outside it (--limit): each its own first host
+    play_vars.update(_pd_rollout_locks=[{"cluster": "c1", "host": "h1"}, {"cluster": "c2", "host": "h2"},
+                                        {"cluster": "c3", "host": "far"}],
+                     pd_rollout_lock_dir=str(locks), pd_rollout_scan_lines=10,
+                     pd_rollout_docker_socket=str(tmp_path / "no-docker.sock"))
+    look = {"name": "Lock files", "ansible.builtin.find": {"paths": str(locks), "patterns": "*.lock"},
+            "run_once": True, "register": "found"}
+    # another run takes c2's lock back between the batch's take and its read: its read leaves it alone
+    other = {"name": "Another run's lock", "ansible.builtin.copy": {
+        "dest": str(locks / "c2.lock"), "content": json.dumps({"run_id": "elsewhere:1:1", "pid": 1})},
+        "run_once": True}
+    play = [{"hosts": "h1,h2", "gather_facts": False, "vars": play_vars, "tasks": [
+        take, dict(look, register="after_take"), other, read, dict(look, register="after_read"), unlock, look]}]
+    (tmp_path / "play.yml").write_text(yaml.safe_dump(play))
+    (tmp_path / "hosts.yml").write_text(yaml.safe_dump({"all": {
+        "hosts": {h: {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}
+                  for h in ("h1", "h2", "far")}}}))
+    env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), ANSIBLE_LOAD_CALLBACK_PLUGINS="1",
+               ANSIBLE_STDOUT_CALLBACK="ansible.builtin.json", ANSIBLE_NOCOLOR="1")
+    proc = subprocess.run([str(Path(sys.executable).parent / "ansible-playbook"), str(tmp_path / "play.yml"),
+                           "-i", str(tmp_path / "hosts.yml")],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=180)
+    tasks = json.loads(proc.stdout)["plays"][0]["tasks"]
+    assert proc.returncode == 0, proc.stdout[-3000:]
+
+    def files(index):
+        return sorted(Path(f["path"]).name for f in tasks[index]["hosts"]["h1"]["files"])
+
+    assert files(1) == ["c1.lock", "c2.lock", "c3.lock"]
+    reads = tasks[3]["hosts"]
+    assert reads["h1"]["released"] == [str(locks / "c1.lock")] and reads["h1"]["changed"]
+    assert reads["h2"]["released"] == [] and not reads["h2"]["changed"]  # c2's is another run's now
+    assert reads["h1"]["logs"][0]["status"] == 0  # the read itself still reports each rank
+    assert files(4) == ["c2.lock", "c3.lock"]
+    # the unlock task: c1 skipped (given back), c2 tried and left to its holder, c3 given back
+    items = {r["item"]["cluster"]: r for r in tasks[5]["hosts"]["h1"]["results"]}
+    assert items["c1"].get("skipped") and not items["c2"].get("skipped") and items["c3"]["changed"]
+    assert files(6) == ["c2.lock"]
+    assert json.loads((locks / "c2.lock").read_text())["run_id"] == "elsewhere:1:1"

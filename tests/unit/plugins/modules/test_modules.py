@@ -495,6 +495,24 @@ def test_container_logs_read_every_name_in_one_run(monkeypatch):
     assert containers.docker_logs(out) == {"a": "hello\n"}
 
 
+@pytest.mark.ansible
+def test_container_logs_gives_back_only_this_runs_locks_after_the_read(tmp_path):
+    mine, other, gone = tmp_path / "a.lock", tmp_path / "b.lock", tmp_path / "c.lock"
+    mine.write_text(json.dumps({"run_id": "ctl:10:99"}))
+    other.write_text(json.dumps({"run_id": "ctl:11:99"}))
+    args = {"names": ["x"], "tail": "5", "docker_socket": str(tmp_path / "none.sock"),
+            "release_locks": [str(mine), str(other), str(gone)]}
+    # without the run id nothing is given back: the module names the missing option
+    refused = ansible_module("pd_container_logs", args)
+    assert refused["failed"] and "lock_run_id" in refused["msg"] and mine.exists()
+    out = ansible_module("pd_container_logs", dict(args, lock_run_id="ctl:10:99"))
+    assert out["released"] == [str(mine)] and out["changed"] and not mine.exists() and other.exists()
+    assert out["logs"][0]["status"] == 0 and out["logs"][0]["error"]  # the read is still reported
+    # a read without locks to give back changes nothing
+    assert ansible_module("pd_container_logs", {"names": ["x"], "docker_socket": str(tmp_path / "none.sock")}) \
+        ["released"] == []
+
+
 def test_docker_raw_returns_the_body_as_sent(docker_socket):
     status, body, error = pd_http.docker_raw(docker_socket, "/images/nope/json")
     assert (status, json.loads(body), error) == (404, {"message": "No such image"}, "")
