@@ -85,6 +85,17 @@ def test_changelog_is_antsibull_changelogs():
     assert any(line.startswith("antsibull-changelog==") for line in pins)
 
 
+def test_the_version_is_written_where_the_artifact_is_named():
+    """galaxy.yml's version names the tarball the execution environment installs and the install page
+    shows: a release that bumps one and not the others ships an EE that cannot build."""
+    version = yaml.safe_load((REPO / "galaxy.yml").read_text())["version"]
+    tarball = f"pd-deploy-{version}.tar.gz"
+    ee = yaml.safe_load((REPO / "execution-environment.yml").read_text())
+    assert f"collections/{tarball}" in yaml.safe_dump(ee), f"execution-environment.yml: install {tarball}"
+    install = (REPO / "docs/guide/install.md").read_text()
+    assert tarball in install and f"pd-deploy-ee:{version}" in install, f"docs/guide/install.md: name {tarball}"
+
+
 def _fake_venv_python(tmp_path, pip_rc):
     """Python 3.11 whose `-m venv DIR` makes a pip that prints pip's kinds of lines and exits with pip_rc."""
     fake = tmp_path / "python-fake"
