@@ -417,7 +417,9 @@ def wire(proxy_url, want, timeout_s, interval_s=0.5, request_timeout=5.0,
             ep = endpoint(k)
             if ep not in mine and ep not in gone:
                 gone[ep] = serving_key(k, now[role], recorded.get(ep))
-        extras[role] = sorted(gone.values())
+        # an endpoint listed only under tainted keys (drained out, dropped when the proxy idles) serves
+        # nowhere: nothing to drain (a None key here used to be "removed" again on every re-run)
+        extras[role] = sorted(k for k in gone.values() if k)
     for role in ROLES:
         if drop and extras[role]:
             res = drain(proxy_url, role, extras[role], timeout_s, interval_s, request_timeout, clock, sleep, send,

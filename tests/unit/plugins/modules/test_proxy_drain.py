@@ -282,6 +282,38 @@ def test_wire_adds_new_instances_and_drains_out_dropped_ones(pd, tmp_path):
     assert "error" in pd_drain.listed_instances("http://127.0.0.1:1", timeout=1)
 
 
+def test_wire_leaves_alone_an_instance_drained_out_whose_tainted_key_is_still_listed():
+    # a busy proxy keeps a drained instance's tainted key listed until it idles; the state file records
+    # that the endpoint serves nowhere: re-wiring is a no-op, not a second drain of a key of None
+    # (seen in CI at load: the stand-in proxy had not idled yet when the no-op wire ran)
+    state = {"prefill": ["127.0.0.1:8100"], "decode": ["127.0.0.1:8200", "127.0.0.1:8300"]}
+    sent = []
+
+    def send(url, method, body, timeout):
+        if method == "GET":  # an engine's /metrics: idle
+            return 200, b"vllm:num_requests_running 0.0\n", ""
+        mode, role = url.rsplit("/", 1)[-1], body["type"]
+        sent.append((mode, role, list(body["instances"])))
+        if mode == "remove":  # an idle proxy drops the key at once
+            state[role] = [k for k in state[role] if k not in body["instances"]]
+        return 200, json.dumps({f"current_{role}_instances": state[role]}).encode(), ""
+
+    serving = {}
+    pd_drain.recorder(serving)("decode", {"127.0.0.1:8300": None})  # what wire records after its drain
+    want = {"prefill": ["127.0.0.1:8100"], "decode": ["127.0.0.1:8200"]}
+    clock = FakeClock()
+    out = pd_drain.wire("http://127.0.0.1:1", want, timeout_s=5, interval_s=1, clock=clock, sleep=clock.sleep,
+                        send=send, serving=serving)
+    assert out["wired"] and out["added"] == {} and out["removed"] == {} and out["drains"] == {}
+    assert out["serving"] == want
+    assert all(mode == "add" and not keys for mode, _role, keys in sent)  # only reads
+    # without the record the listed key still serves, and is drained out
+    out = pd_drain.wire("http://127.0.0.1:1", want, timeout_s=5, interval_s=1, clock=clock, sleep=clock.sleep,
+                        send=send, serving={})
+    assert out["removed"] == {"decode": ["127.0.0.1:8300"]} and out["drains"]["decode"]["drained"]
+    assert ("remove", "decode", ["127.0.0.1:8300"]) in sent
+
+
 def test_a_proxy_that_is_down_is_named_as_such():
     """Issue 20: with the proxy container killed mid-deploy the message blamed the new ranks."""
     calls = []
