@@ -1,11 +1,13 @@
 """issue 23 items 4-6 through the real playbooks: tags and the prechecks entry point, --check writes
-nothing, and the closing report after a precheck failure, an unreachable host and a validate refusal
+nothing, and the closing report after a precheck failure, an unreachable host, a validate refusal and a
+failed image pull
 (names the problems, lists no container as if it ran), printed as lines and kept in the run's custom
 stats (AWX artifacts), the run failed after it.
 
 The fleet is inventories/example with every host reached over the local connection and a Docker socket
 that does not exist (every host fails its prechecks: no engine), one host on 127.0.0.1 port 1 (refused:
-unreachable), or one cluster's cpu_offload not a size (validate refuses). Nothing but 127.0.0.1 is
+unreachable), one cluster's cpu_offload not a size (validate refuses), or one cluster's images pulled
+(pd_image_pull missing: the pull fails at the missing socket). Nothing but 127.0.0.1 is
 contacted and no container is started.
 """
 
@@ -47,6 +49,12 @@ def runs(tmp_path_factory, ansible_home):
     bad = yaml.safe_load((bad_inv / "group_vars" / "cluster_a.yml").read_text())
     bad["pd_cluster"]["decode"]["cpu_offload"] = "lots"
     (bad_inv / "group_vars" / "cluster_a.yml").write_text(yaml.safe_dump(bad))
+    # the same fleet with cluster_b's images pulled (pd_image_pull missing): the pull fails at the socket
+    pull_inv = work / "pull"
+    shutil.copytree(inv, pull_inv)
+    pulled = yaml.safe_load((pull_inv / "group_vars" / "cluster_b.yml").read_text())
+    pulled["pd_image_pull"] = "missing"
+    (pull_inv / "group_vars" / "cluster_b.yml").write_text(yaml.safe_dump(pulled))
     build = work / "build"
     jobs = {
         "list_tags": ["deploy-pd.yml", "-i", str(inv), "--list-tags"],
@@ -56,6 +64,8 @@ def runs(tmp_path_factory, ansible_home):
         "deploy": ["deploy-pd.yml", "-i", str(inv), "-e", f"pd_plan_build_dir={build}/d"],
         "deploy_lost": ["deploy-pd.yml", "-i", str(lost_inv), "-e", f"pd_plan_build_dir={build}/l"],
         "deploy_invalid": ["deploy-pd.yml", "-i", str(bad_inv), "-e", f"pd_plan_build_dir={build}/v"],
+        "deploy_pull": ["deploy-pd.yml", "-i", str(pull_inv), "-e", f"pd_plan_build_dir={build}/u",
+                        "-e", "pd_image_pull_poll=1"],
         "check_render": ["deploy-pd.yml", "-i", EXAMPLE, "-e", "pd_render_only=true", "--check", "--diff",
                          "-e", f"pd_plan_build_dir={build}/c"],
     }
@@ -169,6 +179,37 @@ def test_a_deploy_stopped_by_an_unreachable_host_names_it_and_the_hosts_not_judg
     # printed once as text (the task's result, the stats, shows with -v only), once in the stats
     assert run.output.count("cluster_b: not touched: the deploy stopped before its rollout") == 2
     assert "problems on a-d0, a-p0, b-d0, b-d1, b-p0" in _closing_failure(run)
+
+
+def test_a_deploy_whose_image_pull_failed_reports_the_pulls_and_rolls_nothing(runs):
+    run = runs[0]["deploy_pull"]
+    assert run.rc != 0, str(run)
+    assert_no_traceback(run)
+    # the pull ran on cluster_b's hosts only, its failure printed and ignored (the report comes after it)
+    assert "TASK [pd.deploy.pd_image : Pull the images of this host's ranks" in run.output, run.output[-4000:]
+    lines = _report(run)
+    text = "\n".join(lines)
+    assert lines[0].startswith("DEPLOY REFUSED BY THE IMAGE PULL: no container was touched"), run.output[-4000:]
+    start = lines.index("Pulls that failed (fix the registry, the image reference or the credentials, then deploy again):")
+    # the section's lines: up to the next heading (the prechecks' problems)
+    end = next(i for i in range(start + 1, len(lines)) if not lines[i].startswith("  "))
+    failed = lines[start + 1:end]
+    # cluster_b's hosts only (cluster_a's policy is never), each naming the reference and why
+    assert sorted(line.split(":", 1)[0].strip() for line in failed) == ["b-d0", "b-d1", "b-p0"], text
+    assert all(re.match(r"  b-\S+: quay\.io/ascend/vllm-ascend:v0\.25\.1rc1: Error connecting", line) for line in failed), text
+    # the prechecks still judged every host (their problems follow), nothing was rolled
+    assert lines[end] == "Problems found (fix each, then deploy again):", text
+    assert lines[-2:] == ["cluster_a: not touched: the deploy stopped before its rollout",
+                          "cluster_b: not touched: the deploy stopped before its rollout"]
+    assert not any(re.search(r"^  pd-\S+ on \S+ port \d+", line) for line in lines), text
+    assert "Take the deploy lock" not in run.output
+    assert re.search(r"PLAY \[Roll out the clusters that change[^\n]*\n\s*skipping: no hosts matched", run.output)
+    stats = _stats(run)
+    assert "outcome: refused by the image pull" in stats and "DEPLOY REFUSED BY THE IMAGE PULL" in stats
+    message = _closing_failure(run)
+    assert re.match(r"The deploy was refused by the image pull: pulls failed on (b-\S+, ){2}b-\S+ listed", message) \
+        or re.match(r"The deploy was refused by the image pull: pulls failed on (b-\S+, ){2}b-\S+, listed", message), message
+    assert "docs/guide/pull.md" in message
 
 
 def test_a_deploy_validate_refused_reports_the_rules_and_contacts_no_host(runs):

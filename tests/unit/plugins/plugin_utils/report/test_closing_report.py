@@ -140,3 +140,84 @@ def test_a_validate_refusal_reports_the_rules_broken_and_no_container():
 def test_refusal_names_the_filter_and_field_of_bad_input(plan, prechecks):
     with pytest.raises(Exception, match=r"^pd_deploy_refusal: (plan|prechecks): "):
         report.refusal(plan, prechecks)
+
+
+PULL_ERROR = ("Error pulling image 127.0.0.1:5999/pd/vllm-ascend:v1 - HTTPConnectionPool(host='127.0.0.1', "
+              "port=5999): Max retries exceeded (Connection refused)")
+
+
+def _pulled(plan, failed=None, lost=None):
+    """deploy-pd.yml's pull play with pd_image_report_failure: each host's pd_image_pull_result (a loop result);
+    ``failed`` {host: [failed refs]} (the other refs pulled), ``lost`` {host: msg} could not be reached."""
+    pulls = {}
+    for host in plan["hosts"]:
+        refs = sorted({spec["image"] for spec in plan["hosts"][host]["specs"]})
+        bad = (failed or {}).get(host, [])
+        results = [{"item": ref, "failed": True, "msg": PULL_ERROR} if ref in bad
+                   else {"item": ref, "changed": True, "image": {"Id": "sha256:" + "1" * 64}} for ref in refs]
+        pulls[host] = {"results": results, "changed": len(bad) < len(refs)}
+        if bad:
+            pulls[host] |= {"failed": True, "msg": "One or more items failed"}
+    for host, msg in (lost or {}).items():
+        pulls[host] = {"unreachable": True, "msg": msg}
+    return pulls
+
+
+def test_a_failed_pull_refuses_the_deploy_before_the_prechecks_problems():
+    plan = fleet.plan_fleet(example_fleet())
+    ref = plan["hosts"]["a-p0"]["specs"][0]["image"]
+    pulls = _pulled(plan, {"a-p0": [ref]}, {"b-d1": "Failed to connect to the host via ssh: Connection refused"})
+    # the prechecks ran after the pull (the pulled host lacks the image): the pull is named, the first stage
+    found = report.refusal(plan, _judged(plan, {"a-p0": "a-p0: image missing"}) | {"pulls": pulls})
+    assert found["stage"] == "pull" and found["outcome"] == "refused by the image pull"
+    assert found["hosts"] == ["a-p0", "b-d1"]
+    assert found["message"].startswith("The deploy was refused by the image pull: pulls failed on a-p0, b-d1")
+    assert "no container was touched" in found["message"] and "docs/guide/pull.md" in found["message"]
+    # every pull ended: nothing refuses; the prechecks' problems still do
+    assert report.refusal(plan, _judged(plan) | {"pulls": _pulled(plan)}) == {}
+    assert report.refusal(plan, _judged(plan, {"a-p0": "x"}) | {"pulls": _pulled(plan)})["stage"] == "prechecks"
+
+
+def test_a_failed_pull_reports_each_failed_reference_and_no_container():
+    plan = fleet.plan_fleet(example_fleet())
+    ref = plan["hosts"]["a-p0"]["specs"][0]["image"]
+    pulls = _pulled(plan, {"a-p0": [ref]}, {"b-d1": "Failed to connect to the host via ssh: Connection refused"})
+    lines = report.rollout_summary(plan, HOSTS, None, False, {}, {}, _judged(plan) | {"pulls": pulls})
+    assert lines[0].startswith("DEPLOY REFUSED BY THE IMAGE PULL: no container was touched")
+    start = lines.index("Pulls that failed (fix the registry, the image reference or the credentials, then deploy again):")
+    assert lines[start + 1:start + 3] == [f"  a-p0: {ref}: {PULL_ERROR}",
+                                          "  b-d1: unreachable: Failed to connect to the host via ssh: Connection refused"]
+    assert [line for line in lines if line.startswith("cluster_")] == [
+        f"{name}: not touched: the deploy stopped before its rollout" for name in plan["clusters"]]
+    assert not any(" port " in line for line in lines)   # no container listed
+
+
+PING = ("a-p0: npu 0: cannot reach decode a-d0 npu 0 at 10.0.0.9 (100.00% packet loss) — KV transfer from this "
+        "prefill NPU will stall")
+
+
+def test_a_failed_npu_ping_refuses_the_deploy_and_names_its_problems():
+    plan = fleet.plan_fleet(example_fleet())
+    pings = {"a-p0": {"failed": True, "msg": PING, "evaluated_to": False}, "b-p0": {"changed": False, "msg": "ok"}}
+    checks = _judged(plan) | {"pulls": _pulled(plan), "pings": pings}
+    found = report.refusal(plan, checks)
+    assert found["stage"] == "ping" and found["outcome"] == "refused by the NPU ping" and found["hosts"] == ["a-p0"]
+    assert found["message"].startswith("The deploy was refused by the NPU ping: prefill NPUs on a-p0 cannot reach")
+    assert "no container was touched" in found["message"]
+    lines = report.rollout_summary(plan, HOSTS, None, False, {}, {}, checks)
+    assert lines[0].startswith("DEPLOY REFUSED BY THE NPU PING: no container was touched")
+    assert lines[1:3] == ["NPU ping problems (fix the NPU network between the paired NPUs, then deploy again):", f"  {PING}"]
+    assert lines[3:] == [f"{name}: not touched: the deploy stopped before its rollout" for name in plan["clusters"]]
+    # a ping that could not run (its line names no host: the host's is added)
+    lost = {"a-p0": {"failed": True, "msg": "the NPU ping could not run: no answer"}}
+    assert "  a-p0: the NPU ping could not run: no answer" in report.rollout_summary(
+        plan, HOSTS, None, prechecks=_judged(plan) | {"pings": lost})
+    # every ping answered: nothing refuses
+    assert report.refusal(plan, _judged(plan) | {"pings": {"a-p0": {"failed": False}}}) == {}
+
+
+@pytest.mark.parametrize("key", ["pulls", "pings"])
+def test_refusal_refuses_a_stage_that_is_not_a_mapping(key):
+    plan = fleet.plan_fleet(example_fleet())
+    with pytest.raises(Exception, match=rf"^pd_deploy_refusal: prechecks: .*{key}"):
+        report.refusal(plan, _judged(plan) | {key: []})
