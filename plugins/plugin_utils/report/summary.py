@@ -8,6 +8,7 @@ import os
 import re
 
 from ..rollout.containers import PREVIOUS, host_specs, short_id, spec_state
+from ..rollout.order import cluster_batch_problem
 from ..shared import sizes
 from ..shared.errors import PdError
 
@@ -55,6 +56,24 @@ def inventory_problem(sources, cluster_hosts, demo, refuse_demo):
                 "starts containers on this controller. Add -e pd_render_only=true to render, or name your fleet's "
                 "inventory with -i inventories/<fleet>.")
     return ""
+
+
+def plan_problem(sources, cluster_hosts, demo=False, refuse_demo=False, cluster_batch=None, parallel_clusters=False):
+    """Why validate refuses this run whatever the fleet's rules say, or "": an inventory that cannot be planned
+    (``inventory_problem``), else deploy-pd.yml's rollout batch size (``pd_cluster_batch``; None: not given).
+    Checked before the plan's rules: pd_plan_check fails with it, and deploy-pd.yml (which goes on past a
+    refusal to report it) reads the same text as ``pd_plan_problem`` to touch no host, report it and fail.
+    """
+    if not isinstance(cluster_hosts, int) or isinstance(cluster_hosts, bool) or cluster_hosts < 0:
+        raise PdError("pd_plan_problem", "cluster_hosts", f"{cluster_hosts!r} is not a number of hosts",
+                      "pass groups['pd_clusters'] | length")
+    for name, flag in (("demo", demo), ("refuse_demo", refuse_demo), ("parallel_clusters", parallel_clusters)):
+        if not isinstance(flag, bool):
+            raise PdError("pd_plan_problem", name, f"{flag!r} is not a boolean", f"pass {name} | bool")
+    problem = inventory_problem(sources, cluster_hosts, demo, refuse_demo)
+    if problem or cluster_batch is None:
+        return problem
+    return cluster_batch_problem(cluster_batch, parallel_clusters)
 
 
 def inventory_note(sources, cluster_hosts, demo):
@@ -144,7 +163,7 @@ def capacity_files(plan):
 
 
 def rollout_summary(plan, play_hosts, targets=None, dry_run=False, outcomes=None, probes=None, prechecks=None,
-                    rollout_skipped=False):
+                    rollout_skipped=False, problem=""):
     """The deploy's closing report: per cluster of the play, what it became and each container's state.
 
     ``targets`` is pd_rollout_targets (None: render-only, the containers are only listed). With it, each
@@ -166,12 +185,12 @@ def rollout_summary(plan, play_hosts, targets=None, dry_run=False, outcomes=None
     called off by a failed NPU ping (``targets`` is None outside a render): the report then names the failed
     pulls, the problems found, the hosts that could not be read and the NPU ping problems, and every cluster
     as not touched, instead of listing containers nobody looked at.
-    A plan that broke a rule (validate refused the deploy, render-only too: no host was contacted, nothing
-    written) gets ``validate_report`` instead. ``rollout_skipped``: this run's --tags / --skip-tags left out the rollout (a cluster to change
+    A run validate refused (``problem``: ``plan_problem``'s text, pd_plan_problem) or a plan that broke a rule
+    (render-only too: no host was contacted, nothing written) gets ``validate_report`` instead. ``rollout_skipped``: this run's --tags / --skip-tags left out the rollout (a cluster to change
     says so).
     """
-    if targets is None and not plan.get("ok", True):
-        return validate_report(plan)
+    if targets is None and (problem or not plan.get("ok", True)):
+        return validate_report(plan, problem)
     if targets is None and prechecks is not None:
         return precheck_report(plan, play_hosts, prechecks)
     hosts = set(play_hosts or [])
@@ -228,9 +247,15 @@ def _rule_errors(plan):
     return [" ".join(str(m).split()) for v, m in pairs if isinstance(v, dict) and v.get("level") == "error"]
 
 
-def validate_report(plan):
-    """The closing report of a deploy that validate refused: the inventory's errors, each cluster not
-    touched (no host was contacted, so no container is listed)."""
+def validate_report(plan, problem=""):
+    """The closing report of a deploy that validate refused: why (``problem``, the run's refusal of
+    ``plan_problem``, else the inventory's errors), each cluster not touched (no host was contacted, so no
+    container is listed)."""
+    if problem:
+        return (["DEPLOY REFUSED BY VALIDATE: no host was contacted and nothing was touched",
+                 "Why (fix it, then deploy again):", f"  {' '.join(problem.split())}"]
+                + [f"{name}: not touched: the deploy was refused before any host was contacted"
+                   for name in plan["clusters"]])
     errors = _rule_errors(plan)
     out = [f"DEPLOY REFUSED BY VALIDATE: the inventory breaks {len(errors)} rule(s); no host was contacted "
            "and nothing was touched",
@@ -246,13 +271,17 @@ def _lost(probe):
 
 def _pull_failures(host, result):
     """``host: reference: why`` per failed pull of a host's pd_image_pull_result (a loop result), or the one
-    line of a host that could not be reached; [] when every pull ended."""
+    line of a host that could not be reached or whose registry login failed (the login's result, ``login``
+    naming the registry: nothing was pulled); [] when every pull ended."""
     if not isinstance(result, dict) or not (result.get("failed") or result.get("unreachable")):
         return []
     items = [r for r in result.get("results") or [] if isinstance(r, dict) and (r.get("failed") or r.get("unreachable"))]
     if not items:
         why = " ".join(" ".join(_result_lines(result)).split())[:300] or "no answer"
-        return [f"{host}: {'unreachable' if result.get('unreachable') else 'the pull failed'}: {why}"]
+        what = ("unreachable" if result.get("unreachable")
+                else f"the login to the registry {result['login']} failed, nothing was pulled" if result.get("login")
+                else "the pull failed")
+        return [f"{host}: {what}: {why}"]
     return [f"{host}: {r.get('item')}: " + (" ".join(" ".join(_result_lines(r)).split())[:300] or "no answer")
             for r in items]
 
@@ -263,9 +292,10 @@ def _stage_results(prechecks, key):
     return {} if found is None else found
 
 
-def refusal(plan, prechecks):
-    """Why the deploy was refused before its rollout, or {} (it was not): validate's errors, the hosts whose
-    image pull failed, the hosts the prechecks found problems on or could not read, or the prefill hosts
+def refusal(plan, prechecks, problem=""):
+    """Why the deploy was refused before its rollout, or {} (it was not): validate's refusal of the run
+    (``problem``, from ``plan_problem``: no cluster, the demo inventory, a bad rollout batch size) or of the
+    plan (its rule errors), the hosts whose image pull failed, the hosts the prechecks found problems on or could not read, or the prefill hosts
     whose NPUs could not reach their decode NPUs (the ping after the rollout was decided: nothing was rolled).
     ``prechecks`` as for ``rollout_summary``.
 
@@ -277,6 +307,13 @@ def refusal(plan, prechecks):
     if not isinstance(plan, dict) or "clusters" not in plan:
         raise PdError("pd_deploy_refusal", "plan", f"is {type(plan).__name__}, not a fleet plan",
                       "pass hostvars['localhost'].pd_plan_fleet")
+    if not isinstance(problem, str):
+        raise PdError("pd_deploy_refusal", "problem", f"is {type(problem).__name__}, not a text",
+                      "pass hostvars['localhost'].pd_plan_problem")
+    if problem:
+        # the text pd_plan_check failed with, word for word
+        return {"stage": "validate", "outcome": "refused by validate", "hosts": [],
+                "message": f"The deploy was refused by validate (no host was contacted): {problem}"}
     if not plan.get("ok", True):
         errors = _rule_errors(plan)
         return {"stage": "validate", "outcome": "refused by validate", "hosts": [],
@@ -294,8 +331,10 @@ def refusal(plan, prechecks):
                       "pd_prechecks_ping_verdict")
     hosts = [h for h in plan["hosts"] if _pull_failures(h, pulls.get(h))]
     if hosts:
+        what = ("the registry login or pulls failed" if any((pulls.get(h) or {}).get("login") for h in hosts)
+                else "pulls failed")
         return {"stage": "pull", "outcome": "refused by the image pull", "hosts": hosts,
-                "message": (f"The deploy was refused by the image pull: pulls failed on {', '.join(hosts)}, listed in "
+                "message": (f"The deploy was refused by the image pull: {what} on {', '.join(hosts)}, listed in "
                             "the report above; no container was touched. Fix the registry, the image reference or "
                             "the credentials (docs/guide/pull.md), or leave their cluster out with --limit, and "
                             "deploy again.")}
