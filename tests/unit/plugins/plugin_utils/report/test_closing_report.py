@@ -221,3 +221,63 @@ def test_refusal_refuses_a_stage_that_is_not_a_mapping(key):
     plan = fleet.plan_fleet(example_fleet())
     with pytest.raises(Exception, match=rf"^pd_deploy_refusal: prechecks: .*{key}"):
         report.refusal(plan, _judged(plan) | {key: []})
+
+
+# ---- issue 23 item 6: validate's refusal of the run, and a failed registry login --------------------
+
+@pytest.mark.parametrize("problem", [
+    report.plan_problem(["/etc/pd/prod"], 5, False, True, "0"),
+    report.plan_problem(["/x/inventories/local"], 5, True, True),
+    report.plan_problem(["/tmp/empty"], 0),
+])
+def test_a_run_validate_refused_is_reported_with_its_text_and_no_container(problem):
+    plan = fleet.plan_fleet(example_fleet())
+    found = report.refusal(plan, {"probes": {}, "verdicts": {}}, problem)
+    assert found == {"stage": "validate", "outcome": "refused by validate", "hosts": [],
+                     "message": f"The deploy was refused by validate (no host was contacted): {problem}"}
+    lines = report.rollout_summary(plan, HOSTS, None, False, {}, {}, {"probes": {}, "verdicts": {}}, False, problem)
+    assert lines[:3] == ["DEPLOY REFUSED BY VALIDATE: no host was contacted and nothing was touched",
+                         "Why (fix it, then deploy again):", f"  {problem}"]
+    assert lines[3:] == [f"{name}: not touched: the deploy was refused before any host was contacted"
+                         for name in plan["clusters"]]
+    # render-only (no prechecks, no targets) the same; a rollout decided is never called a refusal
+    assert report.rollout_summary(plan, HOSTS, problem=problem) == lines
+
+
+def test_the_runs_refusal_comes_before_the_plans_rules_and_nothing_else_refuses():
+    bad = example_fleet.__globals__["cluster_a"]()
+    bad["decode"]["cpu_offload"] = "lots"
+    plan = fleet.plan_fleet(example_fleet(a=bad))
+    problem = report.plan_problem(["/etc/pd/prod"], 5, False, True, "0")
+    assert report.refusal(plan, {}, problem)["message"].endswith(problem)
+    assert "DEPLOY REFUSED BY VALIDATE: no host was contacted" in report.rollout_summary(plan, HOSTS, problem=problem)[0]
+    # no problem: the plan's rules, as before
+    assert "breaks" in report.refusal(plan, {}, "")["message"]
+    assert report.refusal(fleet.plan_fleet(example_fleet()), _judged(fleet.plan_fleet(example_fleet())), "") == {}
+    with pytest.raises(Exception, match=r"^pd_deploy_refusal: problem: "):
+        report.refusal(plan, {}, None)
+
+
+LOGIN_ERROR = ("Logging into 127.0.0.1:5000 for user ci failed - 401 Client Error for "
+               "http+docker://localhost/v1.47/auth: Unauthorized (\"login attempt to http://127.0.0.1:5000/v2/ failed "
+               "with status: 401 Unauthorized\")")
+
+
+def test_a_failed_registry_login_refuses_the_deploy_and_names_the_registry():
+    """roles/pd_image with pd_image_report_failure: the failed login's result stands for the host's pull
+    (pd_image_pull_result, ``login`` the registry); nothing was pulled after it."""
+    plan = fleet.plan_fleet(example_fleet())
+    pulls = _pulled(plan)
+    pulls["b-p0"] = {"failed": True, "changed": False, "msg": LOGIN_ERROR, "login": "127.0.0.1:5000"}
+    found = report.refusal(plan, _judged(plan) | {"pulls": pulls})
+    assert found["stage"] == "pull" and found["hosts"] == ["b-p0"]
+    assert found["message"].startswith("The deploy was refused by the image pull: the registry login or pulls failed "
+                                       "on b-p0")
+    lines = report.rollout_summary(plan, HOSTS, None, False, {}, {}, _judged(plan) | {"pulls": pulls})
+    assert lines[0].startswith("DEPLOY REFUSED BY THE IMAGE PULL")
+    start = lines.index("Pulls that failed (fix the registry, the image reference or the credentials, then deploy again):")
+    assert lines[start + 1] == ("  b-p0: the login to the registry 127.0.0.1:5000 failed, nothing was pulled: "
+                                + " ".join(LOGIN_ERROR.split()))
+    # a plain failed pull still reads as one
+    assert "pulls failed on a-p0" in report.refusal(plan, _judged(plan) | {"pulls": _pulled(
+        plan, {"a-p0": [plan["hosts"]["a-p0"]["specs"][0]["image"]]})})["message"]
