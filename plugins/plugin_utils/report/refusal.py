@@ -22,22 +22,23 @@ def _rule_errors(plan):
     return [" ".join(str(m).split()) for v, m in pairs if isinstance(v, dict) and v.get("level") == "error"]
 
 
-def validate_report(plan, problem=""):
+def validate_report(plan, problem="", play_hosts=None):
     """The closing report of a deploy that validate refused: why (``problem``, the run's refusal of
-    ``plan_problem``, else the inventory's errors), each cluster not touched (no host was contacted, so no
-    container is listed)."""
+    ``plan_problem``, else the inventory's errors), each cluster of the run (with a host in ``play_hosts``;
+    None: every cluster) not touched (no host was contacted, so no container is listed)."""
     if problem:
-        return (["DEPLOY REFUSED BY VALIDATE: no host was contacted and nothing was touched",
-                 "Why (fix it, then deploy again):", f"  {' '.join(problem.split())}"]
-                + [f"{name}: not touched: the deploy was refused before any host was contacted"
-                   for name in plan["clusters"]])
-    errors = _rule_errors(plan)
-    out = [f"DEPLOY REFUSED BY VALIDATE: the inventory breaks {len(errors)} rule(s); no host was contacted "
-           "and nothing was touched",
-           "Problems found (fix each in the inventory, then deploy again):"]
-    out += [f"  {m}" for m in errors]
-    out += [f"{name}: not touched: the deploy was refused before any host was contacted" for name in plan["clusters"]]
-    return out
+        out = ["DEPLOY REFUSED BY VALIDATE: no host was contacted and nothing was touched",
+               "Why (fix it, then deploy again):", f"  {' '.join(problem.split())}"]
+    else:
+        errors = _rule_errors(plan)
+        out = [f"DEPLOY REFUSED BY VALIDATE: the inventory breaks {len(errors)} rule(s); no host was contacted "
+               "and nothing was touched",
+               "Problems found (fix each in the inventory, then deploy again):"]
+        out += [f"  {m}" for m in errors]
+    hosts = None if play_hosts is None else set(play_hosts)
+    return out + [f"{name}: not touched: the deploy was refused before any host was contacted"
+                  for name, summary in plan["clusters"].items()
+                  if hosts is None or hosts.intersection(summary.get("hosts") or [])]
 
 
 def _lost(probe):

@@ -191,7 +191,7 @@ def rollout_summary(plan, play_hosts, targets=None, dry_run=False, outcomes=None
     says so).
     """
     if targets is None and (problem or not plan.get("ok", True)):
-        return validate_report(plan, problem)
+        return validate_report(plan, problem, play_hosts)
     if targets is None and prechecks is not None:
         return precheck_report(plan, play_hosts, prechecks)
     hosts = set(play_hosts or [])

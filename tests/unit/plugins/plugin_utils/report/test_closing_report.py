@@ -241,8 +241,11 @@ def test_a_run_validate_refused_is_reported_with_its_text_and_no_container(probl
                          "Why (fix it, then deploy again):", f"  {problem}"]
     assert lines[3:] == [f"{name}: not touched: the deploy was refused before any host was contacted"
                          for name in plan["clusters"]]
-    # render-only (no prechecks, no targets) the same; a rollout decided is never called a refusal
+    # render-only (no prechecks, no targets) the same
     assert report.rollout_summary(plan, HOSTS, problem=problem) == lines
+    # under --limit cluster_a, the clusters of the run only
+    limited = report.rollout_summary(plan, ["localhost", "a-p0", "a-d0"], problem=problem)
+    assert limited == lines[:3] + ["cluster_a: not touched: the deploy was refused before any host was contacted"]
 
 
 def test_the_runs_refusal_comes_before_the_plans_rules_and_nothing_else_refuses():
