@@ -107,8 +107,8 @@ def refusal(plan, prechecks, problem=""):
                       "pd_prechecks_ping_verdict")
     hosts = [h for h in plan["hosts"] if _pull_failures(h, pulls.get(h))]
     if hosts:
-        what = ("the registry login or pulls failed" if any((pulls.get(h) or {}).get("login") for h in hosts)
-                else "pulls failed")
+        logins = [h for h in hosts if pulls[h].get("login") and not pulls[h].get("unreachable")]
+        what = "the registry login or pulls failed" if logins else "pulls failed"
         return {"stage": "pull", "outcome": "refused by the image pull", "hosts": hosts,
                 "message": (f"The deploy was refused by the image pull: {what} on {', '.join(hosts)}, listed in "
                             "the report above; no container was touched. Fix the registry, the image reference or "

@@ -282,6 +282,12 @@ def test_a_failed_registry_login_refuses_the_deploy_and_names_the_registry():
     start = lines.index("Pulls that failed (fix the registry, the image reference or the credentials, then deploy again):")
     assert lines[start + 1] == ("  b-p0: the login to the registry 127.0.0.1:5000 failed, nothing was pulled: "
                                 + " ".join(LOGIN_ERROR.split()))
+    # a host lost at its login reads as unreachable, not as a login refused
+    lost = _pulled(plan) | {"b-d1": {"unreachable": True, "msg": "Failed to connect", "login": "127.0.0.1:5000"}}
+    assert refusals.refusal(plan, _judged(plan) | {"pulls": lost})["message"].startswith(
+        "The deploy was refused by the image pull: pulls failed on b-d1")
+    assert "  b-d1: unreachable: Failed to connect" in report.rollout_summary(
+        plan, HOSTS, None, False, {}, {}, _judged(plan) | {"pulls": lost})
     # a plain failed pull still reads as one
     assert "pulls failed on a-p0" in refusals.refusal(plan, _judged(plan) | {"pulls": _pulled(
         plan, {"a-p0": [plan["hosts"]["a-p0"]["specs"][0]["image"]]})})["message"]
