@@ -7,9 +7,10 @@ pd_plan used to do this in five tasks (refuse the inventory, name it, show the v
 the files, show the capacity), each a worker process and about 0.2 s even when it only skipped; a no-op
 re-run paid them all. This does the same in-process, in the same order, with the same texts:
 
-1. an inventory that cannot be planned (no cluster; the embedded demo inventory where containers
-   would start) fails first, before anything is written (``plugin_utils.report.summary.inventory_problem``);
-   deploy-pd.yml's rollout batch size (pd_cluster_batch) is refused after step 3, before step 4;
+1. a run that cannot be planned fails first, before anything is written: an inventory without a cluster,
+   the embedded demo inventory where containers would start, deploy-pd.yml's bad rollout batch size
+   (pd_cluster_batch) (``plugin_utils.report.summary.plan_problem``, the function of the filter
+   pd_plan_problem, whose text deploy-pd.yml reports after such a refusal);
 2. the inventory's name (``inventory_note``) comes with every other result;
 3. a plan that breaks a rule fails, nothing written: its msg the counts (Ansible 2.19 prints a failed
    task's msg twice, as the old fail task's), every violation once in ``violations`` below it;
@@ -27,7 +28,6 @@ from ansible.utils.display import Display
 
 from ansible_collections.pd.deploy.plugins.action import pd_write_files
 from ansible_collections.pd.deploy.plugins.plugin_utils.report import summary as report
-from ansible_collections.pd.deploy.plugins.plugin_utils.rollout import order
 
 display = Display()
 _VALID = frozenset(("plan", "inventory", "cluster_hosts", "demo", "refuse_demo", "build_dir", "render_specs",
@@ -41,11 +41,11 @@ def check(plan, inventory, cluster_hosts, demo=False, refuse_demo=False, build_d
 
     ``write(files, root, owner)`` -> (changed, removed, previous owner) is pd_write_files' sync_files;
     with an empty ``build_dir`` nothing is written (pd_plan_write_reports: false). ``cluster_batch``
-    (deploy-pd.yml's pd_cluster_batch; None: not given) is refused after the plan's own checks, before
-    anything is written and any host is probed. With ``dry_run`` (--check) ``write`` is pd_write_files'
+    (deploy-pd.yml's pd_cluster_batch; None: not given) is refused with the inventory's problems
+    (``report.plan_problem``), before the plan's rules, anything written and any host probed. With ``dry_run`` (--check) ``write`` is pd_write_files'
     preview_files: nothing is written, the result says what would change (``would_write``, ``would_remove``).
     """
-    problem = report.inventory_problem(inventory, cluster_hosts, demo, refuse_demo)
+    problem = report.plan_problem(inventory, cluster_hosts, demo, refuse_demo, cluster_batch, parallel_clusters)
     if problem:
         return {"failed": True, "msg": problem}
     note = report.inventory_note(inventory, cluster_hosts, demo)
@@ -56,9 +56,6 @@ def check(plan, inventory, cluster_hosts, demo=False, refuse_demo=False, build_d
         # the counts as msg (Ansible prints a failed task's msg twice), every violation once below it
         return {"failed": True, "inventory": note, "msg": report.plan_failure_message(plan),
                 "violations": report.plan_report(plan)}
-    batch = "" if cluster_batch is None else order.cluster_batch_problem(cluster_batch, parallel_clusters)
-    if batch:
-        return {"failed": True, "inventory": note, "msg": batch}
     result = {"changed": False, "inventory": note, "written": 0, "removed": []}
     if build_dir:
         files = report.build_files(plan, build_dir, render_specs)

@@ -22,6 +22,7 @@ from ansible_collections.pd.deploy.plugins.plugin_utils.ops import (
     baseline, capacity_report, diagnosis, gate, metrics, monitoring, remove, tuning)
 from ansible_collections.pd.deploy.plugins.plugin_utils.plan import fleet
 from ansible_collections.pd.deploy.plugins.plugin_utils.plan.fleet import HOST_VARS
+from ansible_collections.pd.deploy.plugins.plugin_utils.report import refusal
 from ansible_collections.pd.deploy.plugins.plugin_utils.report import summary as report
 from ansible_collections.pd.deploy.plugins.plugin_utils.rollout import containers, failures, order, selection
 from ansible_collections.pd.deploy.plugins.plugin_utils.shared import sizes
@@ -140,6 +141,7 @@ class FilterModule:
         return {
             # plan: the whole plan from the inventory; sizes an operator writes
             "pd_plan_from_hostvars": plan_from_hostvars,
+            "pd_plan_problem": report.plan_problem,
             "pd_to_bytes": sizes.to_bytes,
             "pd_secret_env": secrets.secret_env,
             "pd_auth_headers": secrets.auth_headers,
@@ -186,7 +188,7 @@ class FilterModule:
             "pd_rollout_summary": report.rollout_summary,
             "pd_rollout_failed_hosts": report.failed_hosts,
             "pd_rollout_failure_message": report.failure_message,
-            "pd_deploy_refusal": report.refusal,
+            "pd_deploy_refusal": refusal.refusal,
             # operations (playbooks/health_check.yml, baseline.yml, capacity_report.yml, token_gate.yml,
             # tune.yml, monitoring.yml)
             "pd_parse_metrics": metrics.parse_metrics,

@@ -72,7 +72,10 @@ def test_the_embedded_inventory_never_deploys_but_renders(runs):
     run, build = runs[0]["local_deploy"], runs[1]
     assert run.rc != 0, str(run)
     assert "embedded demo inventory" in flat(run) and "pd_render_only=true" in flat(run)
-    assert "Check every host before any is touched" not in run.output
+    # no host probed: the deploy went on past the refusal only to report it (issue 23 item 6), the prechecks
+    # play matched no host
+    assert re.search(r"PLAY \[Check every host before any is touched\][^\n]*\n\s*skipping: no hosts matched", run.output)
+    assert "Read the host in one probe" not in run.output
     assert files_under(build / "local") == []
     rendered = runs[0]["local_render"]
     assert rendered.rc == 0, str(rendered)

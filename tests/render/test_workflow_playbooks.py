@@ -25,6 +25,7 @@ from pd_render_helpers import REPO, _env, _run_one, assert_no_traceback, files_u
 pytestmark = pytest.mark.ansible
 
 EXAMPLE = f"{REPO}/inventories/example"
+LOGIN_PASSWORD = "not-the-registry-password-4711"
 
 
 @pytest.fixture(scope="module")
@@ -55,6 +56,17 @@ def runs(tmp_path_factory, ansible_home):
     pulled = yaml.safe_load((pull_inv / "group_vars" / "cluster_b.yml").read_text())
     pulled["pd_image_pull"] = "missing"
     (pull_inv / "group_vars" / "cluster_b.yml").write_text(yaml.safe_dump(pulled))
+    # the same with a registry login (issue 23 item 6): it fails at the missing socket, nothing is pulled
+    login_inv = work / "login"
+    shutil.copytree(pull_inv, login_inv)
+    login = yaml.safe_load((login_inv / "group_vars" / "cluster_b.yml").read_text())
+    login.update({"pd_image_registry": "127.0.0.1:5000", "pd_image_registry_username": "ci",
+                  "pd_image_registry_password": LOGIN_PASSWORD})
+    (login_inv / "group_vars" / "cluster_b.yml").write_text(yaml.safe_dump(login))
+    # an inventory without a cluster
+    empty_inv = work / "empty"
+    empty_inv.mkdir()
+    (empty_inv / "hosts.yml").write_text("all:\n  hosts:\n    somehost:\n")
     build = work / "build"
     jobs = {
         "list_tags": ["deploy-pd.yml", "-i", str(inv), "--list-tags"],
@@ -66,6 +78,11 @@ def runs(tmp_path_factory, ansible_home):
         "deploy_invalid": ["deploy-pd.yml", "-i", str(bad_inv), "-e", f"pd_plan_build_dir={build}/v"],
         "deploy_pull": ["deploy-pd.yml", "-i", str(pull_inv), "-e", f"pd_plan_build_dir={build}/u",
                         "-e", "pd_image_pull_poll=1"],
+        "deploy_batch": ["deploy-pd.yml", "-i", str(inv), "-e", "pd_cluster_batch=0", "-e", f"pd_plan_build_dir={build}/b"],
+        "deploy_demo": ["deploy-pd.yml", "-e", f"pd_plan_build_dir={build}/demo"],
+        "deploy_empty": ["deploy-pd.yml", "-i", str(empty_inv), "-e", f"pd_plan_build_dir={build}/e"],
+        "deploy_login": ["deploy-pd.yml", "-i", str(login_inv), "-e", f"pd_plan_build_dir={build}/g",
+                         "-e", "pd_image_pull_poll=1"],
         "check_render": ["deploy-pd.yml", "-i", EXAMPLE, "-e", "pd_render_only=true", "--check", "--diff",
                          "-e", f"pd_plan_build_dir={build}/c"],
     }
@@ -234,3 +251,68 @@ def test_check_mode_writes_no_file(runs):
     assert run.rc == 0, str(run)
     assert files_under(build / "c") == []
     assert "--check: nothing written" in run.output
+
+
+# ---- issue 23 item 6: the refusals that ended without the report ----------------------------------
+
+def _printed_refusal(run):
+    """The text the check of the plan failed with (pd_plan_check), as its task printed it."""
+    tail = run.output.split("TASK [pd.deploy.pd_plan : Stop before touching any host", 1)[1]
+    return " ".join(tail.split("Task failed: Action failed: ", 1)[1].split("\nOrigin:", 1)[0].split())
+
+
+@pytest.mark.parametrize("key, says", [
+    ("deploy_batch", "deploy-pd.yml: pd_cluster_batch: '0' is neither a number of clusters"),
+    ("deploy_demo", "inventories/local is the embedded demo inventory (pd_inventory_render_only)"),
+    ("deploy_empty", "/empty holds no cluster: the group pd_clusters has no hosts."),
+])
+def test_a_run_validate_refused_ends_with_the_report_its_stats_and_the_same_message(runs, key, says):
+    """A bad -e pd_cluster_batch and the embedded demo inventory failed at the check with no report and no
+    custom stats (an AWX job kept nothing); no cluster reported the plan's rule, not the text printed."""
+    run, build = runs[0][key], runs[1]
+    assert run.rc != 0, str(run)
+    assert_no_traceback(run)
+    printed = _printed_refusal(run)
+    assert says in printed, printed
+    assert "...ignoring" in run.output.split("TASK [pd.deploy.pd_plan : Stop before touching any host", 1)[1].split("PLAY [", 1)[0]
+    lines = _report(run)
+    assert lines[:2] == ["DEPLOY REFUSED BY VALIDATE: no host was contacted and nothing was touched",
+                         "Why (fix it, then deploy again):"], run.output[-4000:]
+    assert " ".join(lines[2].split()) == printed, lines
+    assert all(line.endswith(": not touched: the deploy was refused before any host was contacted") for line in lines[3:])
+    assert not any(re.search(r"^  pd-\S+ on \S+ port \d+", line) for line in lines)
+    stats = _stats(run)
+    assert "pd_deploy_report:" in stats and "outcome: refused by validate" in stats
+    assert "DEPLOY REFUSED BY VALIDATE: no host was contacted" in stats
+    # the run fails last with the text printed at the check
+    assert _closing_failure(run) == f"The deploy was refused by validate (no host was contacted): {printed}"
+    # nothing touched: no host pulled, probed or rolled, no file written
+    for play in ("Pull the clusters' images", "Check every host before any is touched", "Roll out the clusters"):
+        assert re.search(rf"PLAY \[{re.escape(play)}[^\n]*\n\s*skipping: no hosts matched", run.output), play
+    assert "Read the host in one probe" not in run.output
+    assert files_under(build / {"deploy_batch": "b", "deploy_demo": "demo", "deploy_empty": "e"}[key]) == []
+
+
+def test_a_deploy_whose_registry_login_failed_reports_it_pulls_nothing_and_fails(runs):
+    """The login failed the host (any_errors_fatal: the whole run) with no report; now it is kept as the
+    host's pull result and the deploy is refused by the image pull, the password never shown."""
+    run = runs[0]["deploy_login"]
+    assert run.rc != 0, str(run)
+    assert_no_traceback(run)
+    assert LOGIN_PASSWORD not in run.output
+    assert "TASK [pd.deploy.pd_image : Log the host's Docker engine in to the registry" in run.output, run.output[-4000:]
+    lines = _report(run)
+    assert lines[0].startswith("DEPLOY REFUSED BY THE IMAGE PULL: no container was touched"), run.output[-4000:]
+    start = lines.index("Pulls that failed (fix the registry, the image reference or the credentials, then deploy again):")
+    failed = lines[start + 1:start + 4]
+    assert sorted(line.split(":", 1)[0].strip() for line in failed) == ["b-d0", "b-d1", "b-p0"], lines
+    assert all(re.match(r"  b-\S+: the login to the registry 127\.0\.0\.1:5000 failed, nothing was pulled: \S", line)
+               for line in failed), lines
+    # no pull was tried after the failed login
+    pull = run.output.split("TASK [pd.deploy.pd_image : Pull the images of this host's ranks", 1)[1].split("TASK [", 1)[0]
+    assert "skipping: [b-p0]" in pull and "Error pulling" not in pull, pull
+    stats = _stats(run)
+    assert "outcome: refused by the image pull" in stats and "the login to the registry 127.0.0.1:5000 failed" in stats
+    assert re.match(r"The deploy was refused by the image pull: the registry login or pulls failed on b-d0, b-d1, b-p0, "
+                    r"listed in the report above", _closing_failure(run)), _closing_failure(run)
+    assert "Take the deploy lock" not in run.output

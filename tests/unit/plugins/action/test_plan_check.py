@@ -17,6 +17,7 @@ import yaml
 from ansible_collections.pd.deploy.plugins.plugin_utils.plan import fleet
 from ansible_collections.pd.deploy.plugins.plugin_utils.report import summary as report
 from ansible_collections.pd.deploy.plugins.plugin_utils.rollout import order
+from ansible_collections.pd.deploy.plugins.plugin_utils.shared.errors import PdError
 from tests.unit.plugins.plugin_utils.plan.test_fleet import cluster_a, example_fleet
 
 REPO = Path(__file__).resolve().parents[4]
@@ -118,7 +119,7 @@ def test_render_specs_and_the_files_of_the_last_run(tmp_path):
     assert out["msg"] == report.capacity_lines(plan) and "violations" not in out   # no warning
 
 
-def test_a_bad_rollout_batch_is_refused_after_the_plan_checks_and_before_any_file(tmp_path):
+def test_a_bad_rollout_batch_is_refused_before_the_plan_checks_and_any_file(tmp_path):
     plan = fleet.plan_fleet(example_fleet())
     out = action.check(plan, INV, 5, build_dir=str(tmp_path), write=never, cluster_batch="0")
     assert out["failed"] and out["msg"] == order.cluster_batch_problem("0")
@@ -128,11 +129,53 @@ def test_a_bad_rollout_batch_is_refused_after_the_plan_checks_and_before_any_fil
     assert list(tmp_path.iterdir()) == []
     for good in (None, 1, "2", "50%"):
         assert not action.check(plan, INV, 5, build_dir="", write=never, cluster_batch=good).get("failed"), good
-    # the plan's own violations come first (as validate ran before the prechecks' refusal)
+    # refused with the inventory's problems, before the plan's rules: the run's refusal (pd_plan_problem) that
+    # deploy-pd.yml reports after it is this text, whatever the plan (issue 23 item 6)
     a = cluster_a()
     a["decode"]["engine"] = {"gpu_memory_utilization": 0.96}
     broken = action.check(fleet.plan_fleet(example_fleet(a=a)), INV, 5, write=never, cluster_batch="0")
-    assert broken["msg"].startswith("The inventory breaks 1 rule(s)")
+    assert broken["failed"] and broken["msg"] == order.cluster_batch_problem("0")
+    # the rules come once the batch is fixed
+    assert action.check(fleet.plan_fleet(example_fleet(a=a)), INV, 5, write=never,
+                        cluster_batch="1")["msg"].startswith("The inventory breaks 1 rule(s)")
+
+
+# ---- plan_problem (filter pd_plan_problem): the run's refusal, the same text as check()'s ---------
+
+@pytest.mark.parametrize("args, where", [
+    ((["/tmp/empty.yml"], 0), "holds no cluster"),
+    ((["/x/inventories/local"], 2, True, True), "embedded demo inventory"),
+    ((INV, 5, False, True, "0"), "pd_cluster_batch: '0' is neither"),
+    ((INV, 5, False, True, 2, True), "pd_cluster_batch"),
+    # the inventory first: a run without a cluster is not told about its batch size
+    ((["/tmp/empty.yml"], 0, False, True, "0"), "holds no cluster"),
+])
+def test_the_runs_problem_is_the_text_check_fails_with(args, where):
+    problem = report.plan_problem(*args)
+    assert where in problem, problem
+    assert report.plan_problem(*args) == problem  # pure: the same answer twice
+    names = ("inventory", "cluster_hosts", "demo", "refuse_demo", "cluster_batch", "parallel_clusters")
+    out = action.check(fleet.plan_fleet(example_fleet()), write=never, **dict(zip(names, args)))
+    assert out["failed"] and out["msg"] == problem
+
+
+@pytest.mark.parametrize("args", [(INV, 5), (INV, 5, False, True, None), (INV, 5, False, True, "50%"),
+                                  (["/x/inventories/local"], 2, True, False, 1), (INV, 5, False, True, 2, False)])
+def test_a_run_that_can_be_planned_has_no_problem(args):
+    assert report.plan_problem(*args) == ""
+
+
+@pytest.mark.parametrize("args, field", [((INV, "5"), "cluster_hosts"), ((INV, True), "cluster_hosts"),
+                                         ((INV, 5, "false"), "demo"), ((INV, 5, False, 1), "refuse_demo"),
+                                         ((INV, 5, False, False, 1, "yes"), "parallel_clusters")])
+def test_the_runs_problem_names_a_mistyped_argument(args, field):
+    with pytest.raises(PdError, match=f"pd_plan_problem: {field}: .* — pass "):
+        report.plan_problem(*args)
+
+
+def test_the_filter_pd_plan_problem_is_the_function():
+    from ansible_collections.pd.deploy.plugins.filter.pd import FilterModule
+    assert FilterModule().filters()["pd_plan_problem"] is report.plan_problem
 
 
 def test_no_build_dir_writes_nothing():

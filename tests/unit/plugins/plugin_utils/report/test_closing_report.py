@@ -6,6 +6,7 @@ from ansible.errors import AnsibleActionFail
 
 from ansible_collections.pd.deploy.plugins.action import pd_report
 from ansible_collections.pd.deploy.plugins.plugin_utils.plan import fleet
+from ansible_collections.pd.deploy.plugins.plugin_utils.report import refusal as refusals
 from ansible_collections.pd.deploy.plugins.plugin_utils.report import summary as report
 from ansible_collections.pd.deploy.plugins.plugin_utils.rollout import order
 from tests.unit.plugins.plugin_utils.plan.test_fleet import HOSTS, converged_probes, example_fleet
@@ -91,16 +92,16 @@ def _judged(plan, problems=None, lost=None):
 
 def test_a_precheck_refusal_names_its_hosts_and_nothing_else_refuses():
     plan = fleet.plan_fleet(example_fleet())
-    assert report.refusal(plan, _judged(plan)) == {}
-    assert report.refusal(plan, {"probes": {}, "verdicts": {}}) == {}   # --tags pull: no prechecks ran
+    assert refusals.refusal(plan, _judged(plan)) == {}
+    assert refusals.refusal(plan, {"probes": {}, "verdicts": {}}) == {}   # --tags pull: no prechecks ran
     lost = {"b-d1": {"unreachable": True, "msg": "Connection refused"}}
-    found = report.refusal(plan, _judged(plan, {"b-p0": f"b-p0: {DOCKER[6:]}"}, lost))
+    found = refusals.refusal(plan, _judged(plan, {"b-p0": f"b-p0: {DOCKER[6:]}"}, lost))
     assert found["stage"] == "prechecks" and found["hosts"] == ["b-p0", "b-d1"]
     assert found["message"].startswith("The deploy was refused by the prechecks: problems on b-p0, b-d1")
     assert "no container was touched" in found["message"]
     # a lost probe alone (its verdict missing: the prechecks stopped) refuses too
-    assert report.refusal(plan, {"probes": lost, "verdicts": {}})["hosts"] == ["b-d1"]
-    assert report.refusal(plan, _judged(plan, {"b-p0": "x"}, lost)) == found | {"message": found["message"]}
+    assert refusals.refusal(plan, {"probes": lost, "verdicts": {}})["hosts"] == ["b-d1"]
+    assert refusals.refusal(plan, _judged(plan, {"b-p0": "x"}, lost)) == found | {"message": found["message"]}
 
 
 def test_every_host_judged_the_report_lists_problems_and_lost_hosts_and_no_container():
@@ -121,7 +122,7 @@ def test_a_validate_refusal_reports_the_rules_broken_and_no_container():
     plan = fleet.plan_fleet(example_fleet(a=bad))
     assert not plan["ok"]
     errors = [v for v in plan["violations"] if v["level"] == "error"]
-    found = report.refusal(plan, {"probes": {}, "verdicts": {}})
+    found = refusals.refusal(plan, {"probes": {}, "verdicts": {}})
     assert found["stage"] == "validate" and found["hosts"] == []
     assert f"breaks {len(errors)} rule(s)" in found["message"] and "no host was contacted" in found["message"]
     lines = report.rollout_summary(plan, HOSTS, None, False, {}, {}, {"probes": {}, "verdicts": {}})
@@ -139,7 +140,7 @@ def test_a_validate_refusal_reports_the_rules_broken_and_no_container():
 @pytest.mark.parametrize("plan, prechecks", [("plan", {}), ({"clusters": {}, "hosts": {}}, {"probes": []})])
 def test_refusal_names_the_filter_and_field_of_bad_input(plan, prechecks):
     with pytest.raises(Exception, match=r"^pd_deploy_refusal: (plan|prechecks): "):
-        report.refusal(plan, prechecks)
+        refusals.refusal(plan, prechecks)
 
 
 PULL_ERROR = ("Error pulling image 127.0.0.1:5999/pd/vllm-ascend:v1 - HTTPConnectionPool(host='127.0.0.1', "
@@ -168,14 +169,14 @@ def test_a_failed_pull_refuses_the_deploy_before_the_prechecks_problems():
     ref = plan["hosts"]["a-p0"]["specs"][0]["image"]
     pulls = _pulled(plan, {"a-p0": [ref]}, {"b-d1": "Failed to connect to the host via ssh: Connection refused"})
     # the prechecks ran after the pull (the pulled host lacks the image): the pull is named, the first stage
-    found = report.refusal(plan, _judged(plan, {"a-p0": "a-p0: image missing"}) | {"pulls": pulls})
+    found = refusals.refusal(plan, _judged(plan, {"a-p0": "a-p0: image missing"}) | {"pulls": pulls})
     assert found["stage"] == "pull" and found["outcome"] == "refused by the image pull"
     assert found["hosts"] == ["a-p0", "b-d1"]
     assert found["message"].startswith("The deploy was refused by the image pull: pulls failed on a-p0, b-d1")
     assert "no container was touched" in found["message"] and "docs/guide/pull.md" in found["message"]
     # every pull ended: nothing refuses; the prechecks' problems still do
-    assert report.refusal(plan, _judged(plan) | {"pulls": _pulled(plan)}) == {}
-    assert report.refusal(plan, _judged(plan, {"a-p0": "x"}) | {"pulls": _pulled(plan)})["stage"] == "prechecks"
+    assert refusals.refusal(plan, _judged(plan) | {"pulls": _pulled(plan)}) == {}
+    assert refusals.refusal(plan, _judged(plan, {"a-p0": "x"}) | {"pulls": _pulled(plan)})["stage"] == "prechecks"
 
 
 def test_a_failed_pull_reports_each_failed_reference_and_no_container():
@@ -200,7 +201,7 @@ def test_a_failed_npu_ping_refuses_the_deploy_and_names_its_problems():
     plan = fleet.plan_fleet(example_fleet())
     pings = {"a-p0": {"failed": True, "msg": PING, "evaluated_to": False}, "b-p0": {"changed": False, "msg": "ok"}}
     checks = _judged(plan) | {"pulls": _pulled(plan), "pings": pings}
-    found = report.refusal(plan, checks)
+    found = refusals.refusal(plan, checks)
     assert found["stage"] == "ping" and found["outcome"] == "refused by the NPU ping" and found["hosts"] == ["a-p0"]
     assert found["message"].startswith("The deploy was refused by the NPU ping: prefill NPUs on a-p0 cannot reach")
     assert "no container was touched" in found["message"]
@@ -213,11 +214,80 @@ def test_a_failed_npu_ping_refuses_the_deploy_and_names_its_problems():
     assert "  a-p0: the NPU ping could not run: no answer" in report.rollout_summary(
         plan, HOSTS, None, prechecks=_judged(plan) | {"pings": lost})
     # every ping answered: nothing refuses
-    assert report.refusal(plan, _judged(plan) | {"pings": {"a-p0": {"failed": False}}}) == {}
+    assert refusals.refusal(plan, _judged(plan) | {"pings": {"a-p0": {"failed": False}}}) == {}
 
 
 @pytest.mark.parametrize("key", ["pulls", "pings"])
 def test_refusal_refuses_a_stage_that_is_not_a_mapping(key):
     plan = fleet.plan_fleet(example_fleet())
     with pytest.raises(Exception, match=rf"^pd_deploy_refusal: prechecks: .*{key}"):
-        report.refusal(plan, _judged(plan) | {key: []})
+        refusals.refusal(plan, _judged(plan) | {key: []})
+
+
+# ---- issue 23 item 6: validate's refusal of the run, and a failed registry login --------------------
+
+@pytest.mark.parametrize("problem", [
+    report.plan_problem(["/etc/pd/prod"], 5, False, True, "0"),
+    report.plan_problem(["/x/inventories/local"], 5, True, True),
+    report.plan_problem(["/tmp/empty"], 0),
+])
+def test_a_run_validate_refused_is_reported_with_its_text_and_no_container(problem):
+    plan = fleet.plan_fleet(example_fleet())
+    found = refusals.refusal(plan, {"probes": {}, "verdicts": {}}, problem)
+    assert found == {"stage": "validate", "outcome": "refused by validate", "hosts": [],
+                     "message": f"The deploy was refused by validate (no host was contacted): {problem}"}
+    lines = report.rollout_summary(plan, HOSTS, None, False, {}, {}, {"probes": {}, "verdicts": {}}, False, problem)
+    assert lines[:3] == ["DEPLOY REFUSED BY VALIDATE: no host was contacted and nothing was touched",
+                         "Why (fix it, then deploy again):", f"  {problem}"]
+    assert lines[3:] == [f"{name}: not touched: the deploy was refused before any host was contacted"
+                         for name in plan["clusters"]]
+    # render-only (no prechecks, no targets) the same
+    assert report.rollout_summary(plan, HOSTS, problem=problem) == lines
+    # under --limit cluster_a, the clusters of the run only
+    limited = report.rollout_summary(plan, ["localhost", "a-p0", "a-d0"], problem=problem)
+    assert limited == lines[:3] + ["cluster_a: not touched: the deploy was refused before any host was contacted"]
+
+
+def test_the_runs_refusal_comes_before_the_plans_rules_and_nothing_else_refuses():
+    bad = example_fleet.__globals__["cluster_a"]()
+    bad["decode"]["cpu_offload"] = "lots"
+    plan = fleet.plan_fleet(example_fleet(a=bad))
+    problem = report.plan_problem(["/etc/pd/prod"], 5, False, True, "0")
+    assert refusals.refusal(plan, {}, problem)["message"].endswith(problem)
+    assert "DEPLOY REFUSED BY VALIDATE: no host was contacted" in report.rollout_summary(plan, HOSTS, problem=problem)[0]
+    # no problem: the plan's rules, as before
+    assert "breaks" in refusals.refusal(plan, {}, "")["message"]
+    assert refusals.refusal(fleet.plan_fleet(example_fleet()), _judged(fleet.plan_fleet(example_fleet())), "") == {}
+    with pytest.raises(Exception, match=r"^pd_deploy_refusal: problem: "):
+        refusals.refusal(plan, {}, None)
+
+
+LOGIN_ERROR = ("Logging into 127.0.0.1:5000 for user ci failed - 401 Client Error for "
+               "http+docker://localhost/v1.47/auth: Unauthorized (\"login attempt to http://127.0.0.1:5000/v2/ failed "
+               "with status: 401 Unauthorized\")")
+
+
+def test_a_failed_registry_login_refuses_the_deploy_and_names_the_registry():
+    """roles/pd_image with pd_image_report_failure: the failed login's result stands for the host's pull
+    (pd_image_pull_result, ``login`` the registry); nothing was pulled after it."""
+    plan = fleet.plan_fleet(example_fleet())
+    pulls = _pulled(plan)
+    pulls["b-p0"] = {"failed": True, "changed": False, "msg": LOGIN_ERROR, "login": "127.0.0.1:5000"}
+    found = refusals.refusal(plan, _judged(plan) | {"pulls": pulls})
+    assert found["stage"] == "pull" and found["hosts"] == ["b-p0"]
+    assert found["message"].startswith("The deploy was refused by the image pull: the registry login or pulls failed "
+                                       "on b-p0")
+    lines = report.rollout_summary(plan, HOSTS, None, False, {}, {}, _judged(plan) | {"pulls": pulls})
+    assert lines[0].startswith("DEPLOY REFUSED BY THE IMAGE PULL")
+    start = lines.index("Pulls that failed (fix the registry, the image reference or the credentials, then deploy again):")
+    assert lines[start + 1] == ("  b-p0: the login to the registry 127.0.0.1:5000 failed, nothing was pulled: "
+                                + " ".join(LOGIN_ERROR.split()))
+    # a host lost at its login reads as unreachable, not as a login refused
+    lost = _pulled(plan) | {"b-d1": {"unreachable": True, "msg": "Failed to connect", "login": "127.0.0.1:5000"}}
+    assert refusals.refusal(plan, _judged(plan) | {"pulls": lost})["message"].startswith(
+        "The deploy was refused by the image pull: pulls failed on b-d1")
+    assert "  b-d1: unreachable: Failed to connect" in report.rollout_summary(
+        plan, HOSTS, None, False, {}, {}, _judged(plan) | {"pulls": lost})
+    # a plain failed pull still reads as one
+    assert "pulls failed on a-p0" in refusals.refusal(plan, _judged(plan) | {"pulls": _pulled(
+        plan, {"a-p0": [plan["hosts"]["a-p0"]["specs"][0]["image"]]})})["message"]
