@@ -187,8 +187,8 @@ def rollout_summary(plan, play_hosts, targets=None, dry_run=False, outcomes=None
     pulls, the problems found, the hosts that could not be read and the NPU ping problems, and every cluster
     as not touched, instead of listing containers nobody looked at.
     A run validate refused (``problem``: ``plan_problem``'s text, pd_plan_problem) or a plan that broke a rule
-    (render-only too: no host was contacted, nothing written) gets ``validate_report`` instead. ``rollout_skipped``: this run's --tags / --skip-tags left out the rollout (a cluster to change
-    says so).
+    (render-only too: no host was contacted, nothing written) gets ``validate_report`` instead.
+    ``rollout_skipped``: this run's --tags / --skip-tags left out the rollout (a cluster to change says so).
     """
     if targets is None and (problem or not plan.get("ok", True)):
         return validate_report(plan, problem, play_hosts)
