@@ -13,6 +13,10 @@
 #                                          model generator (tests/fixtures/images/vllm_cpu/)
 #   pd-test/registry:2.8                   Debian's docker-registry package, the registry
 #                                          molecule/default pulls from (tests/fixtures/images/registry/)
+#   pd-test/bare-host:latest               a simulated Ascend host WITHOUT Docker, systemd as PID 1, apt
+#                                          reading only a local file repository holding docker.io and its
+#                                          dependencies (downloaded here from the Debian mirror), for
+#                                          molecule/bootstrap (tests/fixtures/images/bare-host/)
 #
 # The test images carry the label pd.test.context-hash (sha256 over their build context
 # and the base image id); they are rebuilt only when that hash changes. vllm-cpu is
@@ -20,7 +24,7 @@
 # CPU wheel is not on PyPI: the host's pip fetches it (its find-links / extra index) and
 # the build container gets it as a read-only mount, which `docker build` cannot do.
 #
-# Usage: tests/harness/build-images.sh [base|ascend-host|standin|registry|vllm-cpu ...]   (default: all)
+# Usage: tests/harness/build-images.sh [base|ascend-host|standin|registry|bare-host|vllm-cpu ...]   (default: all)
 # Env:
 #   PD_REBUILD=1        rebuild everything, ignoring the caches
 #   PD_DEBIAN_MIRROR    Debian mirror for debootstrap (default: the host's apt source)
@@ -37,6 +41,7 @@ HOST_TAG="pd-test/ascend-host:latest"
 STANDIN_TAG="pd-test/vllm-ascend-standin:latest"
 VLLM_CPU_TAG="pd-test/vllm-cpu:0.27.1"
 REGISTRY_TAG="pd-test/registry:2.8"
+BARE_HOST_TAG="pd-test/bare-host:latest"
 VLLM_CPU_BUILDER="pd-test-build-vllm-cpu"
 HASH_LABEL="pd.test.context-hash"
 # Packages of the base image: python3 so Ansible can run inside, python3-requests so
@@ -210,7 +215,7 @@ timed() {
 
 main() {
   local targets=("$@")
-  ((${#targets[@]})) || targets=(base ascend-host standin registry vllm-cpu)
+  ((${#targets[@]})) || targets=(base ascend-host standin registry bare-host vllm-cpu)
   local t
   for t in "${targets[@]}"; do
     case "$t" in
@@ -218,8 +223,9 @@ main() {
       ascend-host) timed ascend-host build_test_image "$HOST_TAG" "$IMAGES_DIR/ascend-host" ;;
       standin) timed standin build_test_image "$STANDIN_TAG" "$IMAGES_DIR/vllm_ascend_standin" ;;
       registry) timed registry build_test_image "$REGISTRY_TAG" "$IMAGES_DIR/registry" ;;
+      bare-host) timed bare-host build_test_image "$BARE_HOST_TAG" "$IMAGES_DIR/bare-host" ;;
       vllm-cpu) timed vllm-cpu build_vllm_cpu ;;
-      *) log "unknown target '$t' (base, ascend-host, standin, registry, vllm-cpu)"; exit 2 ;;
+      *) log "unknown target '$t' (base, ascend-host, standin, registry, bare-host, vllm-cpu)"; exit 2 ;;
     esac
   done
   docker image ls --filter 'reference=pd-test/*' \

