@@ -2,8 +2,10 @@
 
 Uses the `multicluster` scenario's simulated Ascend hosts (two clusters of 1 prefill + 1 decode host)
 and the stand-in engine with a fixed start delay (PD_STANDIN_START_DELAY), so that the time the
-engines take is known and the rest is the tool's own cost. Prints figures; asserts nothing about
-timing. It does check what must hold whatever the speed: the no-op re-run reports changed=0 and
+engines take is known and the rest is the tool's own cost: the first deploy of the fleet (clusters in
+turn, then in parallel), the first deploy of one cluster (--limit) and the no-op re-run, against the ping
+floor; and the CPU each first deploy cost on the controller and inside each simulated host (the hosts
+share this machine's cores, a fleet's do not). Prints figures; asserts nothing about timing. It does check what must hold whatever the speed: the no-op re-run reports changed=0 and
 restarts no container.
 
     .venv/bin/python bench/deploy_bench.py [--delay 20] [--repeat 3] [--keep] [--profile]
@@ -17,6 +19,7 @@ import copy
 import json
 import os
 import re
+import resource
 import shutil
 import statistics
 import subprocess
@@ -32,6 +35,36 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCENARIO = "multicluster"
 CLUSTERS = ("mc_a", "mc_b")
 BIN = os.path.dirname(sys.executable)
+
+
+def children_cpu():
+    """CPU seconds (user + system) of every finished child of this process and their children."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def container_cpu(names):
+    """{name: CPU seconds} of running containers, from their cgroup (v1 cpuacct or v2 cpu.stat): what
+    runs inside, docker exec'd module runs included; None where the cgroup cannot be read."""
+    out = {}
+    for name in names:
+        _, proc = sh(["docker", "inspect", "-f", "{{.Id}}", name], check=False)
+        cid = proc.stdout.strip()
+        value = None
+        for path, scale in ((f"/sys/fs/cgroup/cpuacct/docker/{cid}/cpuacct.usage", 1e-9),
+                            (f"/sys/fs/cgroup/system.slice/docker-{cid}.scope/cpu.stat", 1e-6),
+                            (f"/sys/fs/cgroup/docker/{cid}/cpu.stat", 1e-6)):
+            try:
+                with open(path, encoding="utf-8") as handle:
+                    text = handle.read()
+            except OSError:
+                continue
+            match = re.search(r"usage_usec (\d+)", text) if path.endswith("cpu.stat") else re.match(r"(\d+)", text)
+            if match:
+                value = int(match.group(1)) * scale
+                break
+        out[name] = value
+    return out
 
 
 def sh(argv, env=None, check=True):
@@ -68,6 +101,23 @@ def containers():
     return out
 
 
+def timed(argv, env, hosts):
+    """sh() and the CPU it cost: {controller: seconds of the finished command's process tree, hosts:
+    {host: seconds inside that host's container}} (the hosts' cgroups read before and after)."""
+    cpu0, hosts0 = children_cpu(), container_cpu(hosts)
+    took, proc = sh(argv, env)
+    cpu1, hosts1 = children_cpu(), container_cpu(hosts)
+    return took, proc, {
+        "controller": cpu1 - cpu0,
+        "hosts": {h: None if hosts0[h] is None or hosts1[h] is None else hosts1[h] - hosts0[h] for h in hosts}}
+
+
+def scenario_hosts():
+    """The scenario's simulated hosts (its Molecule platforms)."""
+    with open(os.path.join(REPO, "molecule", SCENARIO, "molecule.yml"), encoding="utf-8") as handle:
+        return [platform["name"] for platform in yaml.safe_load(handle)["platforms"]]
+
+
 def delayed_inventory(delay, workdir):
     """Copy of the scenario inventory whose engines take `delay` seconds to start."""
     src = os.path.join(REPO, "molecule", SCENARIO, "inventory")
@@ -92,7 +142,7 @@ def main(argv=None):
     parser.add_argument("--repeat", type=int, default=3, help="no-op re-runs and ping floors timed (3; medians)")
     parser.add_argument("--keep", action="store_true", help="keep the simulated hosts and containers")
     parser.add_argument("--profile", type=int, nargs="?", const=15, default=0, metavar="TOP",
-                        help="time the tasks of the first deploy and of one more (untimed) no-op re-run with "
+                        help="time the tasks of the first deploys and of one more (untimed) no-op re-run with "
                              "profile_tasks and print the TOP (15) slowest of each")
     args = parser.parse_args(argv)
 
@@ -109,6 +159,7 @@ def main(argv=None):
     workdir = tempfile.mkdtemp(prefix="pd-deploy-bench-")
     try:
         inventory = delayed_inventory(args.delay, workdir)
+        hosts = scenario_hosts()
         play = [os.path.join(BIN, "ansible-playbook"), "playbooks/deploy_pd.yml", "-i", inventory,
                 "-e", f"pd_plan_build_dir={workdir}/build", "-e", "pd_container_health_delay=1"]
         ping = [os.path.join(BIN, "ansible"), "pd_clusters", "-m", "ansible.builtin.ping", "-i", inventory]
@@ -117,7 +168,7 @@ def main(argv=None):
         pings = [sh(ping, env)[0]]
         first_env = dict(env, ANSIBLE_CALLBACKS_ENABLED="ansible.posix.profile_tasks",
                          PROFILE_TASKS_TASK_OUTPUT_LIMIT="all") if args.profile else env
-        t_first, first = sh(play, first_env)
+        t_first, first, cpu_first = timed(play, first_env, hosts)
         before = containers()
         noops = []
         for _ in range(args.repeat):
@@ -127,9 +178,13 @@ def main(argv=None):
         after = containers()
         # the timed no-op above runs without the callback; a second one is profiled (same state: no-op)
         noop_profiled = sh(play, first_env)[1] if args.profile else None
-        sh([os.path.join(BIN, "ansible-playbook"), "playbooks/stop_pd.yml", "-i", inventory,
-            "-e", "pd_stop_confirm=yes"], env)
-        t_par, _ = sh(play + ["-e", "pd_parallel_clusters=true"], env)
+        stop = [os.path.join(BIN, "ansible-playbook"), "playbooks/stop_pd.yml", "-i", inventory,
+                "-e", "pd_stop_confirm=yes"]
+        sh(stop, env)
+        t_par, par, cpu_par = timed(play + ["-e", "pd_parallel_clusters=true"], first_env, hosts)
+        # issue 24's first "Done when": the first deploy of one cluster (the other left as it runs)
+        sh(stop + ["--limit", CLUSTERS[0]], env)
+        t_one, one, cpu_one = timed(play + ["--limit", CLUSTERS[0]], first_env, hosts)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
         if not args.keep:
@@ -156,10 +211,19 @@ def main(argv=None):
     print(f"{'run':42} {'wall s':>8} {'engine floor s':>15} {'overhead s':>11}")
     print(f"{'ping floor (ansible -m ping, 4 hosts)':42} {t_ping:8.1f}   median of {len(pings)}: "
           + " ".join(f"{t:.1f}" for t in pings))
-    for label, took, floor in (("first deploy, one cluster at a time", t_first, floor_serial),
+    for label, took, floor in (("first deploy of one cluster (--limit)", t_one, per_cluster[CLUSTERS[0]]),
+                               ("first deploy, one cluster at a time", t_first, floor_serial),
                                ("first deploy, pd_parallel_clusters=true", t_par, floor_parallel),
                                ("no-op re-run", t_noop, 0)):
         print(f"{label:42} {took:8.1f} {floor:15.1f} {took - floor:11.1f}")
+    # The simulated hosts share this machine's cores with the controller and the engines; on a fleet each
+    # host runs its module runs on its own CPU. Where the tool's CPU goes, per first deploy:
+    print("CPU seconds of each first deploy: controller (ansible-playbook, its workers, the docker CLI of the"
+          " docker connection) and inside the simulated hosts (the module runs), per host")
+    for label, cpu in (("one cluster", cpu_one), ("clusters in turn", cpu_first), ("clusters in parallel", cpu_par)):
+        per_host = " ".join(f"{h} {v:.1f}" if v is not None else f"{h} n/a" for h, v in cpu["hosts"].items())
+        known = [v for v in cpu["hosts"].values() if v is not None]
+        print(f"  {label:22} controller {cpu['controller']:5.1f}   hosts {sum(known):5.1f} ({per_host})")
     print(f"no-op re-runs (median above): {' '.join(f'{t:.1f}' for t in noops)}")
     print(f"tasks run per host (recap ok), first deploy: {tasks_first}")
     print(f"tasks run per host (recap ok), no-op re-run: {tasks_noop}")
@@ -169,6 +233,10 @@ def main(argv=None):
         print("first deploy, slowest tasks (profile_tasks, same-named tasks summed, n = runs):")
         for total, count, name in aggregate(profile_sections(first.stdout).get("TASKS", []))[:args.profile]:
             print(f"  {total:8.2f}s  n={count:<3} {name[:100]}")
+        for label, proc in (("first deploy, clusters in parallel", par), ("first deploy of one cluster", one)):
+            print(f"{label}, slowest tasks:")
+            for total, count, name in aggregate(profile_sections(proc.stdout).get("TASKS", []))[:args.profile]:
+                print(f"  {total:8.2f}s  n={count:<3} {name[:100]}")
         print("no-op re-run (a second, profiled one), slowest tasks:")
         for total, count, name in aggregate(profile_sections(noop_profiled.stdout).get("TASKS", []))[:args.profile]:
             print(f"  {total:8.2f}s  n={count:<3} {name[:100]}")
