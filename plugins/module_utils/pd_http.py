@@ -67,9 +67,9 @@ def docker_raw(socket_path, path, timeout=30.0):
     return status, raw, ""
 
 
-def docker(socket_path, method, path, timeout=10.0):
-    """One Docker Engine API call: (status, parsed JSON or None, error text)."""
-    status, raw, error = _exchange(UnixHTTPConnection(socket_path, timeout), method, path, None, timeout)
+def docker(socket_path, method, path, timeout=10.0, body=None):
+    """One Docker Engine API call: (status, parsed JSON or None, error text); ``body``: a JSON request body."""
+    status, raw, error = _exchange(UnixHTTPConnection(socket_path, timeout), method, path, body, timeout)
     if error:
         return 0, None, f"cannot reach the Docker engine at unix://{socket_path}: {error}"
     try:

@@ -10,6 +10,7 @@ import re
 from collections.abc import Mapping
 
 from ..shared.errors import PdError
+from ..validate.secrets import secret_env
 
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
 
@@ -236,9 +237,9 @@ def start_labels(spec, images, containers=None):
     did not resolve adds no image label.
     """
     if not isinstance(spec, Mapping) or not isinstance(spec.get("labels"), Mapping):
-        raise PdError("pd_start_labels", "spec", "expected a launch spec with labels", "pass a plan's launch spec")
+        raise PdError("pd_start_requests", "spec", "expected a launch spec with labels", "pass a plan's launch spec")
     labels = dict(spec["labels"])
-    observed = _observed(containers or [], "pd_start_labels")
+    observed = _observed(containers or [], "pd_start_requests")
     if spec_state(spec, observed) == "stopped" and spec["name"] + PREVIOUS not in observed:
         labels.update(observed[spec["name"]].get("image_labels") or {})
         return labels
@@ -259,16 +260,37 @@ def start_image(image, pulled=None):
     nothing was pulled for it (the image came with playbooks/images.yml, or pd_image_pull is never).
     """
     if not isinstance(image, str) or not image:
-        raise PdError("pd_start_image", "image", f"expected an image reference, got {image!r}",
+        raise PdError("pd_start_requests", "image", f"expected an image reference, got {image!r}",
                       "pass a launch spec's image")
     if pulled is not None and not isinstance(pulled, Mapping):
-        raise PdError("pd_start_image", "pulled", f"expected {{ref: {{id, repo_digests}}}}, got {type(pulled).__name__}",
+        raise PdError("pd_start_requests", "pulled", f"expected {{ref: {{id, repo_digests}}}}, got {type(pulled).__name__}",
                       "pass pd_image_pulled (role pd_image) or {}")
     found = (pulled or {}).get(image)
     if not isinstance(found, Mapping) or not found.get("id"):
         return image
     mine = [d for d in (found.get("repo_digests") or []) if d.split("@", 1)[0] == _repository(image)]
     return mine[0] if mine else found["id"]
+
+
+def start_requests(specs, images, pulled=None, containers=None, api_key=None):
+    """What module pd_container_start is given for the launch specs to start: each spec's name, command,
+    devices, volumes, shm size, network mode, privileged and restart policy as planned, started from
+    start_image (the digest a pull step fetched), with secret_env (the real API key, only here) and
+    start_labels (``images``: the image labels' reading, {} when a pull may change the image)."""
+    if not isinstance(specs, (list, tuple)):
+        raise PdError("pd_start_requests", "specs", f"expected a list of launch specs, got {type(specs).__name__}",
+                      "pass pd_container_plan.start")
+    keys = ("name", "command", "devices", "volumes", "shm_size_bytes", "network_mode", "privileged", "restart_policy")
+    out = []
+    for spec in specs:
+        if not isinstance(spec, Mapping) or not spec.get("name") or not spec.get("image"):
+            raise PdError("pd_start_requests", "specs", f"expected launch specs with a name and an image, got {spec!r:.80}",
+                          "pass pd_container_plan.start")
+        request = {key: spec.get(key) for key in keys}
+        request.update(image=start_image(spec["image"], pulled), env=secret_env(spec, api_key),
+                       labels=start_labels(spec, images, containers))
+        out.append(request)
+    return out
 
 
 def moved_images(specs, containers, images):

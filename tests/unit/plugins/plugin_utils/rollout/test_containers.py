@@ -326,7 +326,7 @@ def test_a_stopped_container_of_the_same_spec_keeps_its_labels_so_it_is_started_
 def test_start_labels_refuse_what_is_not_a_launch_spec():
     with pytest.raises(PdError) as err:
         containers.start_labels({"name": "a"}, {})
-    assert err.value.where == "pd_start_labels"
+    assert err.value.where == "pd_start_requests"
 
 
 def test_a_container_running_its_spec_on_an_older_image_of_its_tag_is_moved():

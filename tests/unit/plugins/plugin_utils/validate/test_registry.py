@@ -136,7 +136,7 @@ def test_start_image_is_the_pulled_repo_digest():
 
 
 def test_start_image_refuses_bad_input():
-    with pytest.raises(PdError, match="pd_start_image"):
+    with pytest.raises(PdError, match="pd_start_requests"):
         containers.start_image("", {})
     with pytest.raises(PdError, match="pulled"):
         containers.start_image(REF, ["x"])
@@ -167,5 +167,5 @@ def test_pulled_images_and_progress_lines_from_module_results():
 
 def test_filters_are_registered():
     filters = PLUGIN.FilterModule().filters()
-    for name in ("pd_pull_hosts", "pd_pulled_images", "pd_pull_lines", "pd_start_image"):
+    for name in ("pd_pull_hosts", "pd_pulled_images", "pd_pull_lines", "pd_start_requests"):
         assert name in filters

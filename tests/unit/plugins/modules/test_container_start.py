@@ -1,0 +1,297 @@
+"""The pd_container_start module (roles/pd_container/tasks/apply.yml) and the pd_start_requests filter.
+
+The module talks to a fake Docker Engine API on a unix socket in a temporary directory: an in-memory
+daemon that keeps containers and images and answers create, start, stop, delete and inspect the way
+dockerd does (status codes, the image's labels merged into the container's). What it creates is read
+back with module_utils.pd_launch, the reading --check --diff compares with a launch spec, so a field
+the module sent wrong shows as a difference from the plan. molecule/default checks the same fields on
+containers a real dockerd created (shm, devices, env, labels, argv).
+"""
+
+import copy
+import http.server
+import json
+import socketserver
+import threading
+import time
+import urllib.parse
+
+import pytest
+
+from ansible_collections.pd.deploy.plugins.module_utils import pd_launch
+from ansible_collections.pd.deploy.plugins.modules import pd_container_start as mod
+from ansible_collections.pd.deploy.plugins.plugin_utils.plan import fleet
+from ansible_collections.pd.deploy.plugins.plugin_utils.rollout import containers
+from ansible_collections.pd.deploy.plugins.plugin_utils.shared.errors import PdError
+from ansible_collections.pd.deploy.plugins.plugin_utils.validate import secrets
+from tests.unit.plugins.plugin_utils.plan.test_fleet import example_fleet
+
+IMAGE_ID = "sha256:" + "e" * 64
+IMAGE_LABELS = {"org.opencontainers.image.title": "vllm-ascend", "vendor": "test"}
+
+
+class Daemon:
+    """What the fake dockerd holds: containers by name, images by reference and ID, the calls made."""
+
+    def __init__(self):
+        self.containers = {}
+        self.images = {}
+        self.calls = []
+        self.lock = threading.Lock()
+        self.create_delay = 0.0
+        self.refuse_start = set()
+
+    def add_image(self, ref, image_id=IMAGE_ID, labels=None):
+        image = {"Id": image_id, "Config": {"Labels": dict(labels or {})}}
+        self.images[ref] = self.images[image_id] = image
+
+
+class FakeDocker(http.server.BaseHTTPRequestHandler):
+    daemon = None
+
+    def _reply(self, status, body=None):
+        raw = b"" if body is None else json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(raw)))
+        self.end_headers()
+        self.wfile.write(raw)
+
+    def _route(self, method):
+        d = FakeDocker.daemon
+        url = urllib.parse.urlsplit(self.path)
+        query = urllib.parse.parse_qs(url.query)
+        length = int(self.headers.get("Content-Length") or 0)
+        body = json.loads(self.rfile.read(length)) if length else None
+        parts = [urllib.parse.unquote(p) for p in url.path.strip("/").split("/")]
+        with d.lock:
+            d.calls.append((method, url.path, query, body))
+        if parts[0] == "images" and method == "GET":
+            image = d.images.get("/".join(parts[1:-1]))
+            return self._reply(200, image) if image else self._reply(404, {"message": "No such image"})
+        if parts == ["containers", "create"]:
+            time.sleep(d.create_delay)
+            name = query["name"][0]
+            image = d.images.get(body["Image"])
+            if image is None:
+                return self._reply(404, {"message": f"No such image: {body['Image']}"})
+            with d.lock:
+                if name in d.containers:
+                    return self._reply(409, {"message": f'Conflict. The container name "/{name}" is already in use'})
+                labels = dict(image["Config"]["Labels"], **body.get("Labels", {}))
+                d.containers[name] = {
+                    "Id": name + "-id", "Name": "/" + name, "Image": image["Id"],
+                    "Config": {"Image": body["Image"], "Cmd": body.get("Cmd"), "Env": body.get("Env") or [],
+                               "Labels": labels},
+                    "HostConfig": dict({"ShmSize": pd_launch.DOCKER_SHM_DEFAULT}, **body["HostConfig"]),
+                    "State": {"Running": False, "Status": "created"}}
+            return self._reply(201, {"Id": name + "-id", "Warnings": []})
+        if parts[0] == "containers":
+            found = d.containers.get(parts[1])
+            if found is None:
+                return self._reply(404, {"message": f"No such container: {parts[1]}"})
+            if method == "GET":
+                return self._reply(200, found)
+            if method == "DELETE":
+                del d.containers[parts[1]]
+                return self._reply(204)
+            if parts[2] == "start":
+                if parts[1] in d.refuse_start:
+                    return self._reply(500, {"message": "error gathering device information while adding custom device"})
+                if found["State"]["Running"]:
+                    return self._reply(304)
+                found["State"] = {"Running": True, "Status": "running"}
+                return self._reply(204)
+            if parts[2] == "stop":
+                found["State"] = {"Running": False, "Status": "exited"}
+                return self._reply(204)
+        return self._reply(500, {"message": f"unexpected call {method} {self.path}"})
+
+    def do_GET(self):  # noqa: N802 (http.server's name)
+        self._route("GET")
+
+    def do_POST(self):  # noqa: N802
+        self._route("POST")
+
+    def do_DELETE(self):  # noqa: N802
+        self._route("DELETE")
+
+    def log_message(self, *args):
+        pass
+
+    def address_string(self):
+        return "unix"
+
+
+class UnixServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
+    daemon_threads = True
+
+
+@pytest.fixture
+def dockerd(tmp_path):
+    FakeDocker.daemon = Daemon()
+    path = str(tmp_path / "docker.sock")
+    server = UnixServer(path, FakeDocker)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield path, FakeDocker.daemon
+    server.shutdown()
+    server.server_close()
+
+
+def specs(host="a-p0"):
+    """What a first deploy starts on a prefill host of the example fleet: its engine ranks (devices, binds,
+    shm) and its cluster's proxy (none of those)."""
+    plan = fleet.plan_fleet(example_fleet())
+    entry = plan["hosts"][host]
+    return copy.deepcopy(entry["specs"] + ([entry["proxy"]] if entry.get("proxy") else []))
+
+
+def requests_for(items, images=None, found=None, key=None):
+    return containers.start_requests(items, images or {}, {}, found or [], key)
+
+
+def calls(daemon, method=None):
+    return [(m, p) for m, p, _q, _b in daemon.calls if method is None or m == method]
+
+
+# ---- what is sent: read back the way --check --diff reads a running container -----------------------
+
+def test_a_created_container_reads_back_as_its_launch_spec(dockerd):
+    sock, daemon = dockerd
+    items = specs()
+    assert {s["kind"] for s in items} == {"engine", "proxy"}
+    for spec in items:
+        daemon.add_image(spec["image"])
+    out = mod.start_all(sock, requests_for(items))
+    assert [r["action"] for r in out] == ["created"] * len(items)
+    for spec in items:
+        found = daemon.containers[spec["name"]]
+        assert found["State"]["Running"]
+        assert pd_launch.container_diff(spec["name"], spec, found, []) is None
+        assert found["HostConfig"]["RestartPolicy"] == {"Name": spec["restart_policy"]}
+        if spec["devices"]:
+            assert {d["CgroupPermissions"] for d in found["HostConfig"]["Devices"]} == {"rwm"}
+        # the spec's labels, nothing else (this image has none of its own)
+        assert found["Config"]["Labels"] == spec["labels"]
+
+
+def test_device_and_body_forms():
+    assert mod.parse_device("/dev/davinci0") == {"PathOnHost": "/dev/davinci0", "PathInContainer": "/dev/davinci0",
+                                                 "CgroupPermissions": "rwm"}
+    assert mod.parse_device("/h/d:/dev/d") == {"PathOnHost": "/h/d", "PathInContainer": "/dev/d", "CgroupPermissions": "rwm"}
+    assert mod.parse_device("/h/d:/dev/d:r") == {"PathOnHost": "/h/d", "PathInContainer": "/dev/d", "CgroupPermissions": "r"}
+    body = mod.create_body({"name": "x", "image": "img", "command": ["a", 1], "env": {"K": 2}, "devices": [],
+                            "volumes": [], "shm_size_bytes": None, "network_mode": "host", "privileged": False,
+                            "restart_policy": "always", "labels": {"l": 1}})
+    # only what the spec sets (container_default_behavior no_defaults): no Devices, Binds or ShmSize keys
+    assert body == {"Image": "img", "Cmd": ["a", "1"], "Env": ["K=2"], "Labels": {"l": "1"}, "AttachStdout": True,
+                    "AttachStderr": True,
+                    "HostConfig": {"NetworkMode": "host", "Privileged": False, "RestartPolicy": {"Name": "always"}}}
+
+
+# ---- the docker_container rule: the labels decide --------------------------------------------------
+
+def test_same_labels_running_is_left_alone_stopped_is_started_other_labels_is_recreated(dockerd):
+    sock, daemon = dockerd
+    engine = [s for s in specs() if s["kind"] == "engine"][0]
+    daemon.add_image(engine["image"], labels=IMAGE_LABELS)
+    (req,) = requests_for([engine])
+    assert mod.start_all(sock, [req]) == [{"name": engine["name"], "action": "created"}]
+    # image labels are merged by Docker and not counted as a difference
+    assert daemon.containers[engine["name"]]["Config"]["Labels"] == dict(IMAGE_LABELS, **req["labels"])
+    daemon.calls.clear()
+    assert mod.start_all(sock, [req]) == [{"name": engine["name"], "action": "none"}]
+    assert calls(daemon, "POST") == []
+    daemon.containers[engine["name"]]["State"] = {"Running": False, "Status": "exited"}
+    assert mod.start_all(sock, [req]) == [{"name": engine["name"], "action": "started"}]
+    assert calls(daemon, "POST") == [("POST", f"/containers/{engine['name']}/start")]
+    assert daemon.containers[engine["name"]]["State"]["Running"]
+    daemon.calls.clear()
+    other = dict(req, labels=dict(req["labels"], **{"pd.spec-hash": "0" * 64}))
+    assert mod.start_all(sock, [other]) == [{"name": engine["name"], "action": "recreated"}]
+    assert calls(daemon)[-4:] == [("POST", f"/containers/{engine['name']}/stop"), ("DELETE", f"/containers/{engine['name']}"),
+                                  ("POST", "/containers/create"), ("POST", f"/containers/{engine['name']}/start")]
+    assert daemon.containers[engine["name"]]["Config"]["Labels"]["pd.spec-hash"] == "0" * 64
+    # an image label the spec sets itself (pd.image-id) must match too
+    assert mod.same_labels({"a": "1", "vendor": "x"}, {"vendor": "x"}, {"a": "1"})
+    assert not mod.same_labels({"a": "1", "vendor": "x", "extra": "y"}, {"vendor": "x"}, {"a": "1"})
+    assert not mod.same_labels({"a": "1"}, {}, {"a": "1", "pd.image-id": "sha256:1"})
+
+
+def test_check_mode_says_what_it_would_do_and_changes_nothing(dockerd):
+    sock, daemon = dockerd
+    items = specs()
+    for spec in items:
+        daemon.add_image(spec["image"])
+    out = mod.start_all(sock, requests_for(items), check_mode=True)
+    assert [r["action"] for r in out] == ["created"] * len(items)
+    assert daemon.containers == {} and calls(daemon, "POST") == [] and calls(daemon, "DELETE") == []
+
+
+def test_every_container_is_tried_and_each_refusal_named(dockerd):
+    sock, daemon = dockerd
+    engine, _other, proxy = sorted(specs(), key=lambda s: s["kind"])
+    daemon.add_image(proxy["image"])
+    req_engine, req_proxy = requests_for([engine, proxy])
+    req_engine = dict(req_engine, image="registry.local/not-here:1")
+    daemon.refuse_start.add(proxy["name"])
+    out = mod.start_all(sock, [req_engine, req_proxy])
+    assert out[0] == {"name": engine["name"], "action": "failed",
+                      "error": "Docker refused to create it: Docker API answered HTTP 404: No such image: registry.local/not-here:1"}
+    assert out[1]["action"] == "failed" and "Docker refused to start it: Docker API answered HTTP 500: error gathering device" in out[1]["error"]
+
+
+def test_an_engine_that_cannot_be_reached_is_a_failure_per_container(tmp_path):
+    out = mod.start_all(str(tmp_path / "no.sock"), [{"name": "x", "image": "i", "labels": {}}])
+    assert out[0]["action"] == "failed" and "cannot reach the Docker engine" in out[0]["error"]
+
+
+def test_the_containers_start_at_the_same_time(dockerd):
+    """Each container in its own thread: three creates that take 1 s each end well under their sum."""
+    sock, daemon = dockerd
+    items = specs()
+    assert len(items) == 3
+    for spec in items:
+        daemon.add_image(spec["image"])
+    daemon.create_delay = 1.0
+    start = time.monotonic()
+    mod.start_all(sock, requests_for(items))
+    took = time.monotonic() - start
+    # one after the other takes >= 3 s of sleeps alone; together about 1 s (the sum is the bound: room for 2.9x)
+    assert took < 2.9, took
+    creates = [c for c in daemon.calls if c[1] == "/containers/create"]
+    assert len(creates) == 3
+
+
+# ---- pd_start_requests --------------------------------------------------------------------------
+
+def test_start_requests_use_the_pulled_digest_the_real_key_and_the_image_labels():
+    spec = [s for s in specs() if s["kind"] == "engine"][0]
+    key = "sk-the-real-key-1"
+    spec["env"]["VLLM_API_KEY"] = secrets.redaction(key)
+    spec["secret_env"] = ["VLLM_API_KEY"]
+    images = {spec["image"]: {"id": IMAGE_ID, "repo_digests": []}}
+    pulled = {spec["image"]: {"id": IMAGE_ID, "repo_digests": [spec["image"].rsplit(":", 1)[0] + "@sha256:" + "f" * 64]}}
+    (req,) = containers.start_requests([spec], images, pulled, [], key)
+    assert req["image"] == containers.start_image(spec["image"], pulled)
+    assert req["image"].endswith("@sha256:" + "f" * 64)
+    assert req["env"]["VLLM_API_KEY"] == key
+    assert req["labels"] == containers.start_labels(spec, images, [])
+    assert req["labels"]["pd.image-id"] == IMAGE_ID
+    assert {k: req[k] for k in ("name", "command", "devices", "volumes", "shm_size_bytes", "network_mode", "privileged",
+                                "restart_policy")} == {k: spec[k] for k in ("name", "command", "devices", "volumes",
+                                                                           "shm_size_bytes", "network_mode", "privileged",
+                                                                           "restart_policy")}
+    # without the key the plan was made with: refused, the key never echoed
+    with pytest.raises(PdError) as err:
+        containers.start_requests([spec], images, pulled, [], None)
+    assert "pd_api_key" in str(err.value)
+
+
+def test_start_requests_refuse_what_is_not_a_list_of_specs():
+    with pytest.raises(PdError) as err:
+        containers.start_requests({"name": "x"}, {})
+    assert err.value.where == "pd_start_requests" and "pd_container_plan.start" in str(err.value)
+    with pytest.raises(PdError):
+        containers.start_requests([{"name": "x"}], {})
+    assert containers.start_requests([], {}) == []
