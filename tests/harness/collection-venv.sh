@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The collection as an operator installs it (issue 22 #2), with nothing but what it declares:
 # - the tarball of `ansible-galaxy collection build` at the top of the checkout (make collection);
-# - a controller venv holding ansible-core (the version requirements-dev.txt pins) and the Python
+# - a controller venv holding ansible-core (the version requirements-dev.txt pins, with its cryptography) and the Python
 #   requirements the TARBALL declares (meta/execution-environment.yml -> dependencies.python);
 # - the collections its MANIFEST.json declares (galaxy.yml dependencies: community.docker, and what that
 #   one declares), rebuilt offline from the ansible wheel of the project venv (tools/wheel_collections.py),
@@ -15,7 +15,8 @@ set -euo pipefail
 DIR="${1:?usage: collection-venv.sh <dir>}"
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 PROJECT_BIN="$(dirname "${PD_PROJECT_PYTHON:-$REPO/.venv/bin/python}")"
-CORE="$(grep -E '^ansible-core==' "$REPO/requirements-dev.txt")"
+# ansible-core, and the cryptography it runs with (requirements-dev.txt says why it is pinned)
+CORE="$(grep -E '^(ansible-core|cryptography)==' "$REPO/requirements-dev.txt")"
 mkdir -p "$DIR"
 DIR="$(cd "$DIR" && pwd)"
 TARBALLS="$DIR/tarballs"
@@ -45,7 +46,8 @@ STAMP="$(cat "$DIR/declared/requirements.txt"; echo "$CORE")"
 if [[ ! -x "$VENV/bin/ansible-playbook" || "$(cat "$VENV/.pd-inputs" 2>/dev/null)" != "$STAMP" ]]; then
   rm -rf "$VENV"
   python3 -m venv "$VENV"
-  "$VENV/bin/pip" install --quiet --disable-pip-version-check "$CORE" -r "$DIR/declared/requirements.txt"
+  # shellcheck disable=SC2086  # one requirement a line
+  "$VENV/bin/pip" install --quiet --disable-pip-version-check $CORE -r "$DIR/declared/requirements.txt"
   printf '%s' "$STAMP" > "$VENV/.pd-inputs"
 fi
 # ansible-core only: the ansible package (and the collections it bundles) must not be there
