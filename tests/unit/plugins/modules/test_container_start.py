@@ -9,9 +9,7 @@ containers a real dockerd created (shm, devices, env, labels, argv).
 """
 
 import copy
-import http.server
 import json
-import socketserver
 import threading
 import time
 import urllib.parse
@@ -24,6 +22,7 @@ from ansible_collections.pd.deploy.plugins.plugin_utils.plan import fleet
 from ansible_collections.pd.deploy.plugins.plugin_utils.rollout import containers
 from ansible_collections.pd.deploy.plugins.plugin_utils.shared.errors import PdError
 from ansible_collections.pd.deploy.plugins.plugin_utils.validate import secrets
+from tests.fixtures.unix_http import QuietHandler, serving
 from tests.unit.plugins.plugin_utils.plan.test_fleet import example_fleet
 
 IMAGE_ID = "sha256:" + "e" * 64
@@ -46,7 +45,7 @@ class Daemon:
         self.images[ref] = self.images[image_id] = image
 
 
-class FakeDocker(http.server.BaseHTTPRequestHandler):
+class FakeDocker(QuietHandler):
     daemon = None
 
     def _reply(self, status, body=None):
@@ -116,26 +115,12 @@ class FakeDocker(http.server.BaseHTTPRequestHandler):
     def do_DELETE(self):  # noqa: N802
         self._route("DELETE")
 
-    def log_message(self, *args):
-        pass
-
-    def address_string(self):
-        return "unix"
-
-
-class UnixServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
-    daemon_threads = True
-
 
 @pytest.fixture
 def dockerd(tmp_path):
     FakeDocker.daemon = Daemon()
-    path = str(tmp_path / "docker.sock")
-    server = UnixServer(path, FakeDocker)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield path, FakeDocker.daemon
-    server.shutdown()
-    server.server_close()
+    with serving(str(tmp_path / "docker.sock"), FakeDocker) as path:
+        yield path, FakeDocker.daemon
 
 
 def specs(host="a-p0"):

@@ -10,7 +10,6 @@ import json
 import os
 import shutil
 import socket
-import socketserver
 import subprocess
 import sys
 import threading
@@ -22,6 +21,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[4]
 from ansible_collections.pd.deploy.plugins.module_utils import pd_http
 from tests.fixtures.fake_clock import FakeClock
+from tests.fixtures.unix_http import QuietHandler, serving
 
 
 def load(name):
@@ -83,7 +83,7 @@ CONTAINERS = [
 ]
 
 
-class FakeDocker(http.server.BaseHTTPRequestHandler):
+class FakeDocker(QuietHandler):
     """The few Engine API calls the probe makes, answered like dockerd does."""
     requests = []
 
@@ -110,27 +110,12 @@ class FakeDocker(http.server.BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(body)
 
-    def log_message(self, *args):
-        pass
-
-    def address_string(self):
-        return "unix"
-
-
-class UnixServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
-    daemon_threads = True
-
 
 @pytest.fixture
 def docker_socket(tmp_path):
     FakeDocker.requests = []
-    path = str(tmp_path / "docker.sock")
-    server = UnixServer(path, FakeDocker)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield path
-    server.shutdown()
-    server.server_close()
+    with serving(str(tmp_path / "docker.sock"), FakeDocker) as path:
+        yield path
 
 
 # ---- pd_http ------------------------------------------------------------------------------------
