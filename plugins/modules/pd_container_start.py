@@ -24,7 +24,7 @@ options:
   containers:
     description:
       - 'What to start - name, image, command (argv list), env (dict), devices (C(host[:container[:permissions]])),
-        volumes (C(source:target[:mode])), shm_size_bytes, network_mode, privileged, restart_policy, labels.' 
+        volumes (C(source:target[:mode])), shm_size_bytes, network_mode, privileged, restart_policy, labels.'
       - The launch specs of the plan with the image, env and labels they are started with (filter pd_start_requests).
     type: list
     elements: dict
