@@ -23,11 +23,11 @@ Documented in plugins/modules/pd_plan_check.py (ansible-doc reads a module's doc
 
 from ansible.errors import AnsibleActionFail
 from ansible.module_utils.parsing.convert_bool import boolean
-from ansible.plugins.action import ActionBase
 from ansible.utils.display import Display
 
 from ansible_collections.pd.deploy.plugins.action import pd_write_files
 from ansible_collections.pd.deploy.plugins.plugin_utils.report import summary as report
+from ansible_collections.pd.deploy.plugins.plugin_utils.shared.controller import ControllerAction
 
 display = Display()
 _VALID = frozenset(("plan", "inventory", "cluster_hosts", "demo", "refuse_demo", "build_dir", "render_specs",
@@ -77,22 +77,18 @@ def check(plan, inventory, cluster_hosts, demo=False, refuse_demo=False, build_d
     return result
 
 
-class ActionModule(ActionBase):
+class ActionModule(ControllerAction):
     """``pd_plan_check: {plan, inventory, cluster_hosts, demo, refuse_demo, build_dir, render_specs,
     cluster_batch, parallel_clusters}``."""
 
-    TRANSFERS_FILES = False
-    _VALID_ARGS = _VALID
-    _requires_connection = False
     # under --check nothing is written: the result says which files would change (pd_write_files.preview_files)
-    _supports_check_mode = True
+    _VALID_ARGS = _VALID
+    PLUGIN = "pd_plan_check"
+    REQUIRED = ("plan", "inventory", "cluster_hosts")
 
     def run(self, tmp=None, task_vars=None):
         result = super().run(tmp, task_vars)
-        args = self._task.args
-        for name in ("plan", "inventory", "cluster_hosts"):
-            if name not in args:
-                raise AnsibleActionFail(f"pd_plan_check: {name} is required (see plugins/modules/pd_plan_check.py)")
+        args = self._required_args()
         inventory = args["inventory"]
         inventory = [inventory] if isinstance(inventory, str) else list(inventory or [])
         try:

@@ -16,8 +16,9 @@ Documented in plugins/modules/pd_report.py (ansible-doc reads a module's docs th
 """
 
 from ansible.errors import AnsibleActionFail
-from ansible.plugins.action import ActionBase
 from ansible.utils.display import Display
+
+from ansible_collections.pd.deploy.plugins.plugin_utils.shared.controller import ControllerAction
 
 display = Display()
 
@@ -41,19 +42,16 @@ def report_result(lines, data=None, stats_key="pd_deploy_report"):
             "ansible_stats": {"data": {stats_key: body}, "per_host": False, "aggregate": False}}
 
 
-class ActionModule(ActionBase):
+class ActionModule(ControllerAction):
     """``pd_report: {lines: [...], data: {...}, stats_key: pd_deploy_report}`` — on the controller."""
 
-    TRANSFERS_FILES = False
     _VALID_ARGS = _VALID
-    _requires_connection = False
-    _supports_check_mode = True
+    PLUGIN = "pd_report"
+    REQUIRED = ("lines",)
 
     def run(self, tmp=None, task_vars=None):
         result = super().run(tmp, task_vars)
-        args = self._task.args
-        if "lines" not in args:
-            raise AnsibleActionFail("pd_report: lines is required (see plugins/modules/pd_report.py)")
+        args = self._required_args()
         result.update(report_result(args["lines"], args.get("data"), args.get("stats_key", "pd_deploy_report")))
         # the text as it reads, through the controller's display (a worker's display goes to the main process)
         display.display("\n".join(result["msg"]))

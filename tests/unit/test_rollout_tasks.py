@@ -15,6 +15,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.fixtures.json_play import run_json_play
+
 REPO = Path(__file__).resolve().parents[2]
 ROLES = REPO / "roles"
 
@@ -146,15 +148,9 @@ def test_the_rollouts_one_argument_check_refuses_a_bad_variable_of_each_role_it_
         {"ansible.builtin.set_fact": {"pd_plan_fleet": plan}},
         {"ansible.builtin.include_role": {"name": "pd.deploy.pd_rollout", "tasks_from": "check.yml",
                                           "rolespec_validate": False}}]}]
-    (tmp_path / "play.yml").write_text(yaml.safe_dump(play))
-    env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), ANSIBLE_LOAD_CALLBACK_PLUGINS="1",
-               ANSIBLE_STDOUT_CALLBACK="ansible.builtin.json", ANSIBLE_NOCOLOR="1")
 
     def run(*extra):
-        proc = subprocess.run([str(Path(sys.executable).parent / "ansible-playbook"), str(tmp_path / "play.yml"),
-                               "-i", "localhost,", "-c", "local", "-e", f"ansible_python_interpreter={sys.executable}",
-                               *extra], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
-        return json.loads(proc.stdout)["plays"][0]["tasks"][2]["hosts"]["localhost"]
+        return run_json_play(tmp_path, play, *extra)["plays"][0]["tasks"][2]["hosts"]["localhost"]
 
     assert not run().get("failed")
     bad = run("-e", "pd_container_pull=bogus", "-e", "pd_proxy_smoke_max_tokens=x", "-e", "pd_rollout_scan_lines=y",
