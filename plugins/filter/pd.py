@@ -17,7 +17,7 @@ import os
 
 import yaml
 
-from ansible_collections.pd.deploy.plugins.plugin_utils.hostcheck import bootstrap, compat, netchecks, prechecks
+from ansible_collections.pd.deploy.plugins.plugin_utils.hostcheck import bootstrap, netchecks, prechecks
 from ansible_collections.pd.deploy.plugins.plugin_utils.ops import (
     baseline, capacity_report, diagnosis, gate, metrics, monitoring, remove, tuning)
 from ansible_collections.pd.deploy.plugins.plugin_utils.plan import fleet
@@ -147,12 +147,6 @@ class FilterModule:
             "pd_auth_headers": secrets.auth_headers,
             # host checks
             "pd_required_paths": prechecks.required_paths,
-            "pd_precheck_problems": prechecks.problems,
-            "pd_compat_problems": compat.problems,
-            "pd_compat_docker_warnings": compat.docker_warnings,
-            "pd_hccn_devices": netchecks.devices,
-            "pd_hccn_problems": netchecks.cluster_problems,
-            "pd_hccn_ping_targets": netchecks.ping_targets,
             "pd_hccn_ping_request": netchecks.ping_request,
             "pd_hccn_ping_problems": netchecks.ping_problems,
             "pd_driver_problems": prechecks.driver_problems,
@@ -164,15 +158,12 @@ class FilterModule:
             "pd_limits_conf": bootstrap.limits_conf,
             # rollout: order, containers, known failures
             "pd_entry_options": order.entry_options,
-            "pd_rollout_targets": order.rollout_targets,
             "pd_lock_hosts": order.lock_hosts,
             "pd_rollout_waves": order.rollout_waves,
             "pd_tag_selection": selection.tag_selection,
-            "pd_tag_problems": selection.tag_problems,
             "pd_batch_probes": order.batch_probes,
             "pd_host_specs": containers.host_specs,
             "pd_replacement_plan": containers.replacement_plan,
-            "pd_probe_specs": containers.probe_specs,
             "pd_start_requests": containers.start_requests,
             "pd_health_checks": containers.health_checks,
             "pd_unhealthy_specs": containers.unhealthy_specs,

@@ -9,7 +9,7 @@ module: pd_host_probe
 short_description: Read an Ascend host's devices, driver, RAM, ports, disk, images and pd-deploy containers
 description:
   - One module run per host instead of one task per fact; it only reads and never changes the host.
-  - Judging what it read is left to the pd_precheck_problems filter on the controller.
+  - Judging what it read is left to the controller (the pd_host_check action, which runs this module).
   - Containers are those labelled C(label); each one named in O(containers) that runs with the given
     spec hash has its health URL probed.
 options:
@@ -36,7 +36,7 @@ options:
       - NPU network checks with hccn_tool, not run when empty. Keys C(tool) (path of hccn_tool), C(conf) (path of
         hccn.conf, read as text), C(devices) (NPU indices; C(-link), C(-net_health), C(-ip) and C(-tls) are read
         for each) and C(ping) (list of C(device), C(address); C(-ping -g address) from that NPU).
-      - Judged on the controller by the pd_hccn_problems and pd_hccn_ping_problems filters.
+      - Judged on the controller (pd_prechecks_decide across a cluster; the pd_hccn_ping_problems filter for the ping).
       - A query that gives no answer (rc not 0, or no output) is asked again, up to 3 tries 1 s apart; a
         ping only when it printed nothing. Each result says how many tries were made.
     type: dict
@@ -46,7 +46,7 @@ options:
       - Compatibility readings, not read when empty. Keys C(images) (references whose history, env and labels
         are read from the Engine API, no container started), C(driver_info) (path of the driver's version.info),
         C(daemon_json) (path of Docker's daemon.json); a missing file reads as null.
-      - Judged on the controller by the pd_compat_problems filter.
+      - Judged on the controller (pd_host_check).
     type: dict
     default: {}
   host_facts:

@@ -257,8 +257,10 @@ def test_a_no_op_deploy_runs_no_skipped_check_task():
     prechecks_play = next(p for p in prechecks if p.get("name") == "Check every host before any is touched")
     assert [t.get("ansible.builtin.include_role", {}).get("name") for t in prechecks_play["tasks"]] == ["pd.deploy.pd_prechecks"]
     tasks = yaml.safe_load((REPO / "roles" / "pd_prechecks" / "tasks" / "main.yml").read_text())
+    # the probe and the host's own judgement in one task per host, then one task for the play (issue 24: there
+    # was a check task per host between them)
     assert [next(k for k in t if k.startswith(("ansible.builtin.", "pd.deploy."))) for t in tasks] == [
-        "pd.deploy.pd_host_probe", "ansible.builtin.assert", "ansible.builtin.set_fact", "ansible.builtin.include_tasks"]
+        "pd.deploy.pd_host_check", "pd.deploy.pd_prechecks_decide", "ansible.builtin.include_tasks"]
     report = next(p for p in deploy if p.get("name", "").startswith("Report what each cluster runs"))
     # one task prints the report and hands it to the run's stats (AWX artifacts)
     assert [next(k for k in t if k.startswith(("ansible.builtin.", "pd.deploy."))) for t in report["tasks"]] == [
