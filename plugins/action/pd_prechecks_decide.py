@@ -27,16 +27,19 @@ _VALID = frozenset(("plan", "probes", "play_hosts", "play_hosts_all", "pull_fail
 def decide(plan, probes, play_hosts, play_hosts_all=None, pull_failed=False, hccn=True, run_tags=None,
            skip_tags=None, cluster_batch=None, parallel=False):
     """The task's result: failed with every problem (``msg``, one per line, the Docker warnings after
-    them) or ok with the facts of the rollout (none when a host left the play or an image pull failed);
-    ``verdicts`` ({host: {failed, msg}}) and ``warnings`` either way."""
+    them; ``hosts`` those with one) or ok with the facts of the rollout (none when a host left the play or
+    an image pull failed), ``warnings_found`` the Docker warnings; ``fleet_problems`` ({host: [lines]}) the
+    play's own problems either way. Each host's own problems are in its pd_host_check result (``problems``),
+    so they are printed here once, in ``msg`` (the deploy's report reads them there: report.refusal)."""
     found = verdict.fleet_verdict(plan, probes, play_hosts, play_hosts_all, pull_failed, hccn, run_tags,
                                   skip_tags, cluster_batch, parallel)
-    result = {"changed": False, "verdicts": found["verdicts"], "warnings_found": found["warnings"]}
+    result = {"changed": False, "fleet_problems": found["fleet_problems"]}
     if found["problems"]:
         lines = found["problems"] + [f"WARNING {w}" for w in found["warnings"]]
         hosts = [h for h, v in found["verdicts"].items() if v["failed"]]
         result.update(failed=True, msg="\n".join(lines), hosts=hosts)
         return result
+    result["warnings_found"] = found["warnings"]
     if found["rollout"] is None:
         why = "an image pull failed" if pull_failed else "a host left the play"
         result["msg"] = f"no rollout decided: {why}"

@@ -83,8 +83,11 @@ EXAMPLES = r"""
 """
 
 RETURN = r"""
-verdicts:
-  description: Every play host's verdict, C({host - {failed, msg}}) (msg - its problems, one per line).
+fleet_problems:
+  description:
+    - The problems only the play shows (NPU network across a cluster, a half-deploying --tags), C({host - [lines]}),
+      given to the play's first host; empty when there are none. Each host's own problems are in its pd_host_check
+      result (C(problems)).
   type: dict
   returned: always
 msg:

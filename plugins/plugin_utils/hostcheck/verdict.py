@@ -90,6 +90,14 @@ def host_judgement(host, host_plan, probe, skip=False, compat_on=True, min_free_
     return {"problems": problems, "docker_warnings": warnings}
 
 
+def host_verdict(problems, warnings=()):
+    """One host's verdict: {"failed": True, "msg": its problems, one per line, its Docker warnings after them as
+    ``WARNING`` lines}, or {"failed": False, "msg": [its warnings]}."""
+    if problems:
+        return {"failed": True, "msg": "\n".join(list(problems) + [f"WARNING {w}" for w in warnings])}
+    return {"failed": False, "msg": list(warnings)}
+
+
 def _own(host, probe):
     """(problems, warnings) of one host from its pd_host_check result: its own judgement, or the one
     problem of a host that could not be reached or read."""
@@ -107,24 +115,26 @@ def fleet_verdict(plan, probes, play_hosts, play_hosts_all=None, pull_failed=Fal
 
     Returns {"verdicts": {host: {"failed", "msg"}} (the play's first host also carries the problems of the
     play: NPU network across a cluster, a --tags selection that leaves a cluster half deployed),
+    "fleet_problems": {that first host: [the play's problems]} ({} when there are none),
     "problems": [every problem, host by host], "warnings": [every Docker warning], "rollout": the
     pd_rollout_targets of the play or None (a host with a problem, a host that left the play, a failed
     image pull: nothing is rolled), "ping_targets": {prefill host: its NPU ping targets} of the rolled
     clusters ({} without ``hccn`` or a rollout)}."""
     play_hosts = list(play_hosts or [])
     probes = probes if isinstance(probes, dict) else {}
-    verdicts, problems, warnings = {}, [], []
+    verdicts, problems, warnings, fleet = {}, [], [], {}
     for host in play_hosts:
         own, warned = _own(host, probes.get(host))
         if host == play_hosts[0]:
-            if hccn:
-                own += netchecks.cluster_problems(plan, {h: probes.get(h) for h in play_hosts})
+            play = netchecks.cluster_problems(plan, {h: probes.get(h) for h in play_hosts}) if hccn else []
             tags = selection.tag_selection(run_tags if run_tags is not None else ["all"], skip_tags)
             if tags.get("partial") and all(read(probes.get(h)) for h in play_hosts):
-                own += selection.tag_problems(plan, {h: probes.get(h) for h in play_hosts}, play_hosts,
-                                              run_tags, skip_tags)
-        lines = own + [f"WARNING {w}" for w in warned] if own else warned
-        verdicts[host] = {"failed": bool(own), "msg": "\n".join(lines) if own else lines}
+                play += selection.tag_problems(plan, {h: probes.get(h) for h in play_hosts}, play_hosts,
+                                               run_tags, skip_tags)
+            if play:
+                fleet[host] = play
+                own += play
+        verdicts[host] = host_verdict(own, warned)
         problems += own
         warnings += warned
     left = [h for h in (play_hosts_all or play_hosts) if h not in play_hosts]
@@ -135,5 +145,5 @@ def fleet_verdict(plan, probes, play_hosts, play_hosts_all=None, pull_failed=Fal
         if hccn:
             rolled = [h for h in play_hosts if h in rollout["hosts"]]
             targets = netchecks.ping_targets(plan, {h: probes.get(h) for h in rolled})
-    return {"verdicts": verdicts, "problems": problems, "warnings": warnings, "rollout": rollout,
-            "ping_targets": targets}
+    return {"verdicts": verdicts, "fleet_problems": fleet, "problems": problems, "warnings": warnings,
+            "rollout": rollout, "ping_targets": targets}

@@ -5,6 +5,7 @@
 and the closing report that lists the refusal instead of containers (``validate_report``, ``precheck_report``;
 ``summary.rollout_summary`` returns them when no rollout was decided)."""
 
+from ..hostcheck import verdict
 from ..shared.errors import PdError
 
 
@@ -68,6 +69,26 @@ def _stage_results(prechecks, key):
     return {} if found is None else found
 
 
+def _verdicts(prechecks, probes):
+    """{host: {failed, msg}}: ``prechecks["verdicts"]`` as given, else each host's from what the prechecks
+    judged: its pd_host_check result's own ``problems`` (and Docker warnings) and the play's problems the
+    decision gave it (``prechecks["fleet"]``: pd_prechecks_verdict's ``fleet_problems``, {host: [lines]}).
+    A host whose probe was not judged (lost, or no pd_host_check result) has none."""
+    given = _stage_results(prechecks, "verdicts")
+    if given or not isinstance(prechecks, dict) or "verdicts" in prechecks:
+        return given
+    fleet = _stage_results(prechecks, "fleet")
+    if not isinstance(fleet, dict) or not isinstance(probes, dict):
+        return given
+    out = {}
+    for host, probe in probes.items():
+        if not isinstance(probe, dict) or _lost(probe) or not isinstance(probe.get("problems"), list):
+            continue
+        out[host] = verdict.host_verdict(list(probe["problems"]) + list(fleet.get(host) or []),
+                                         list(probe.get("docker_warnings") or []))
+    return out
+
+
 def refusal(plan, prechecks, problem=""):
     """Why the deploy was refused before its rollout, or {} (it was not): validate's refusal of the run
     (``problem``, from ``plan_problem``: no cluster, the demo inventory, a bad rollout batch size) or of the
@@ -97,14 +118,16 @@ def refusal(plan, prechecks, problem=""):
                             "in the report above; no host was contacted. Fix them and deploy again.")}
     prechecks = {} if prechecks is None else prechecks
     if not isinstance(prechecks, dict):
-        raise PdError("pd_deploy_refusal", "prechecks", "expected {probes: {host: result}, verdicts: {host: result}}",
-                      "pass each host's pd_prechecks_probe and pd_prechecks_verdict")
-    probes, verdicts, pulls, pings = (_stage_results(prechecks, k) for k in ("probes", "verdicts", "pulls", "pings"))
+        raise PdError("pd_deploy_refusal", "prechecks", "expected {probes: {host: result}, fleet: {host: [problems]}}",
+                      "pass each host's pd_prechecks_probe and pd_prechecks_verdict's fleet_problems")
+    probes, pulls, pings = (_stage_results(prechecks, k) for k in ("probes", "pulls", "pings"))
+    verdicts = _verdicts(prechecks, probes)
     if not all(isinstance(x, dict) for x in (probes, verdicts, pulls, pings)):
-        raise PdError("pd_deploy_refusal", "prechecks", "expected {probes: {host: result}, verdicts: {host: result}, "
-                      "pulls: {host: result}, pings: {host: result}} (pulls and pings optional)",
-                      "pass each host's pd_prechecks_probe, pd_prechecks_verdict, pd_image_pull_result and "
-                      "pd_prechecks_ping_verdict")
+        raise PdError("pd_deploy_refusal", "prechecks", "expected {probes: {host: result}, fleet: {host: [problems]}, "
+                      "pulls: {host: result}, pings: {host: result}} (fleet, pulls and pings optional; verdicts: "
+                      "{host: result} instead of fleet)",
+                      "pass each host's pd_prechecks_probe, pd_prechecks_verdict's fleet_problems, pd_image_pull_result "
+                      "and pd_prechecks_ping_verdict")
     hosts = [h for h in plan["hosts"] if _pull_failures(h, pulls.get(h))]
     if hosts:
         logins = [h for h in hosts if pulls[h].get("login") and not pulls[h].get("unreachable")]
@@ -142,8 +165,8 @@ def precheck_report(plan, play_hosts, prechecks):
     host's problems, a host that could not be reached or read), in the NPU ping after the rollout was decided,
     or before them. Nothing was touched, so no container is listed as if it ran: each cluster is named as not
     touched, with the failed pulls, the problems, the lost hosts and the NPU ping problems."""
-    probes, verdicts, pulls, pings = (_stage_results(prechecks or {}, k) or {}
-                                      for k in ("probes", "verdicts", "pulls", "pings"))
+    probes, pulls, pings = (_stage_results(prechecks or {}, k) or {} for k in ("probes", "pulls", "pings"))
+    verdicts = _verdicts(prechecks or {}, probes) or {}
     pulled = [f"  {line}" for host in plan["hosts"] for line in _pull_failures(host, pulls.get(host))]
     problems, lost, unjudged, unreached = [], [], [], []
     for host in plan["hosts"]:

@@ -180,8 +180,9 @@ def rollout_summary(plan, play_hosts, targets=None, dry_run=False, outcomes=None
     when its tag names another image now; the WARNING lines of moved tags (``targets["warnings"]``) close
     the report. Returns the report's lines.
 
-    ``prechecks`` ({"probes": {host: the prechecks' pd_host_probe result}, "verdicts": {host: the result of
-    their check}}, a host missing or {} where it never got there; optionally "pulls": {host: pd_image_pull_result},
+    ``prechecks`` ({"probes": {host: the prechecks' pd_host_check result}, "fleet": the play's problems by host
+    (pd_prechecks_verdict's fleet_problems), or instead "verdicts": {host: {failed, msg}}}, a host missing or {}
+    where it never got there; optionally "pulls": {host: pd_image_pull_result},
     "pings": {host: pd_prechecks_ping_verdict}) is passed when no rollout was decided, or one decided was
     called off by a failed NPU ping (``targets`` is None outside a render): the report then names the failed
     pulls, the problems found, the hosts that could not be read and the NPU ping problems, and every cluster

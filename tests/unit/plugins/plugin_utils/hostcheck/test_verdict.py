@@ -130,6 +130,9 @@ def test_a_half_deploying_tag_selection_is_the_first_hosts_problem():
     found = verdict.fleet_verdict(PLAN, probes(), HOSTS, HOSTS, hccn=False, run_tags=["engines"], skip_tags=[])
     assert found["problems"] and found["rollout"] is None
     assert [h for h, v in found["verdicts"].items() if v["failed"]] == [HOSTS[0]]
+    assert found["fleet_problems"] == {HOSTS[0]: found["problems"]}
+    decided = pd_prechecks_decide.decide(PLAN, probes(), HOSTS, HOSTS, hccn=False, run_tags=["engines"], skip_tags=[])
+    assert decided["failed"] and decided["fleet_problems"] == found["fleet_problems"]
     # not judged while a host could not be read (what it runs is unknown)
     lost = verdict.fleet_verdict(PLAN, probes(**{"b-d1": {"unreachable": True, "msg": "gone"}}), HOSTS, HOSTS,
                                  hccn=False, run_tags=["engines"], skip_tags=[])
@@ -142,6 +145,8 @@ def test_the_decision_fails_with_every_problem_then_the_warnings():
     bad = settled_probe("b-d0", docker_ok=False)
     out = pd_prechecks_decide.decide(PLAN, probes(**{"a-d0": warned, "b-d0": bad}), HOSTS, HOSTS, hccn=False)
     assert out["failed"] and out["hosts"] == ["b-d0"] and "ansible_facts" not in out
+    # each host's problems are printed once, in msg (its own are in its pd_host_check result)
+    assert "verdicts" not in out and out["fleet_problems"] == {}
     assert out["msg"].split("\n") == bad["problems"] + ["WARNING a-d0: Docker's log driver has no log-opts max-size"]
     ok = pd_prechecks_decide.decide(PLAN, probes(**{"a-d0": warned}), HOSTS, HOSTS, hccn=False)
     assert not ok.get("failed") and ok["warnings_found"] == warned["docker_warnings"]

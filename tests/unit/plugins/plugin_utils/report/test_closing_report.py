@@ -116,6 +116,31 @@ def test_every_host_judged_the_report_lists_problems_and_lost_hosts_and_no_conta
     assert not any(" port " in line for line in lines)
 
 
+def test_the_verdicts_come_from_the_judged_probes_and_the_plays_problems():
+    """deploy-pd.yml passes each host's pd_host_check result (its own ``problems``) and the decision's
+    ``fleet_problems`` instead of verdicts: the same refusal and report as the verdicts they make."""
+    plan = fleet.plan_fleet(example_fleet())
+    lost = {"b-d1": {"unreachable": True, "msg": "Failed to connect to the host via ssh: Connection refused"}}
+    probes = {h: {"containers": [], "problems": [], "docker_warnings": []} for h in plan["hosts"]}
+    probes["a-p0"] = {"containers": [], "problems": [DOCKER], "docker_warnings": ["a-p0: Docker keeps logs unrotated"]}
+    probes.update(lost)
+    tags = "cluster_b: --tags engines would start engine ranks no proxy serves — run without --tags"
+    derived = {"probes": probes, "fleet": {"a-p0": [tags]}}
+    explicit = {"probes": probes, "verdicts": {
+        h: {"failed": False, "msg": []} for h in plan["hosts"] if h not in ("a-p0", "b-d1")} | {
+        "a-p0": {"failed": True, "msg": f"{DOCKER}\n{tags}\nWARNING a-p0: Docker keeps logs unrotated"}}}
+    assert refusals.refusal(plan, derived) == refusals.refusal(plan, explicit)
+    assert refusals.refusal(plan, derived)["hosts"] == ["a-p0", "b-d1"]
+    lines = report.rollout_summary(plan, HOSTS, None, False, {}, {}, derived)
+    assert lines == report.rollout_summary(plan, HOSTS, None, False, {}, {}, explicit)
+    assert f"  {DOCKER}" in lines and f"  a-p0: {tags}" in lines
+    assert "  a-p0: WARNING a-p0: Docker keeps logs unrotated" in lines
+    assert not any(line.startswith("Not judged") for line in lines)
+    # no problem anywhere: nothing refused
+    clean = {h: {"containers": [], "problems": [], "docker_warnings": []} for h in plan["hosts"]}
+    assert refusals.refusal(plan, {"probes": clean, "fleet": {}}) == {}
+
+
 def test_a_validate_refusal_reports_the_rules_broken_and_no_container():
     bad = example_fleet.__globals__["cluster_a"]()
     bad["decode"]["cpu_offload"] = "lots"   # not a size
