@@ -13,8 +13,9 @@ description:
   - The first task of the pd_prechecks role. Works out pd_host_probe's arguments from the host's entry of
     the fleet plan (its launch specs' devices, paths, images and containers, the NPU network, the
     compatibility readings), runs pd_host_probe on the host, and judges on the controller the host's own
-    problems (the rules of the filters pd_precheck_problems and pd_compat_problems) and Docker's warnings
-    (pd_compat_docker_warnings).
+    problems (plugins/plugin_utils/hostcheck - prechecks.problems, compat.problems) and Docker's warnings
+    (compat.docker_warnings). A pd_prechecks variable that check_role_options refuses fails the task before
+    the probe, each refusal in C(argument_errors).
   - Does not fail on a problem - pd_prechecks_decide does, once for the play, with every host's problems.
     Fails like pd_host_probe when the host cannot be reached or read.
 options:
@@ -90,6 +91,11 @@ EXAMPLES = r"""
 """
 
 RETURN = r"""
+argument_errors:
+  description: With O(check_role_options), each variable of the role that its argument spec refuses (the task then fails before the probe).
+  type: list
+  elements: str
+  returned: when a variable was refused
 problems:
   description: This host's own problems, each C(host - what - what to do); empty when it has none.
   type: list

@@ -14,11 +14,12 @@ description:
     pd_host_check has read and judged every host. Runs on the controller only (an action plugin; no module
     is sent to a host).
   - Fails with every problem of every host, each line naming its host, and the problems only the play shows
-    (pd_hccn_problems - the NPU network across a cluster; pd_tag_problems - a --tags / --skip-tags selection
-    that would leave a cluster half deployed), Docker's warnings after them.
+    (the NPU network across a cluster, netchecks.cluster_problems; a --tags / --skip-tags selection
+    that would leave a cluster half deployed, selection.tag_problems; both in plugins/plugin_utils), Docker's
+    warnings after them.
   - Else prints Docker's warnings as warnings and, unless a host left the play or an image pull failed, sets
-    the facts C(pd_prechecks_rollout) (pd_rollout_targets) and C(pd_prechecks_hccn_ping_targets)
-    (pd_hccn_ping_targets of the rolled clusters' hosts); with C(delegate_facts) they go to the delegated host.
+    the facts C(pd_prechecks_rollout) (order.rollout_targets) and C(pd_prechecks_hccn_ping_targets)
+    (netchecks.ping_targets of the rolled clusters' hosts); with C(delegate_facts) they go to the delegated host.
 options:
   plan:
     description: The fleet plan, C(hostvars['localhost'].pd_plan_fleet).

@@ -26,6 +26,14 @@ def required_paths(specs):
     return out
 
 
+_NPU_DEVICE = re.compile(r"davinci[0-9]")
+
+
+def npus_needed(specs):
+    """How many NPUs the specs use: their distinct /dev/davinciN device entries (davinci_manager is none)."""
+    return len({d for s in specs or [] for d in s.get("devices") or [] if _NPU_DEVICE.search(d)})
+
+
 def npu_count(npu_smi_stdout):
     """Logical NPU count from ``npu-smi info -l``; None when absent.
 
@@ -132,6 +140,10 @@ def problems(facts):
     host = facts["host"]
     specs = facts["specs"]
     probe = facts.get("probe") or {}
+    if probe.get("failed") and probe.get("argument_errors"):
+        # pd_host_check refused the role's variables before it probed (check_role_options): not the host's fault
+        return [f"{host}: {e} — fix that variable (inventory or -e; each is listed in "
+                "roles/pd_prechecks/meta/argument_specs.yml) and run again" for e in probe["argument_errors"]]
     if probe.get("unreachable") or probe.get("failed"):
         # the probe's own task result (deploy-pd.yml goes on past it to report): nothing was read
         why = " ".join(str(probe.get("msg") or "no answer").split())[:300]
@@ -164,8 +176,9 @@ def driver_problems(facts, probe):
     ``npu-smi info -l`` (NPU count) and ``npu-smi info`` (chip name, HBM per NPU) against the inventory.
 
     The prechecks (problems) and the host bootstrap (playbooks/bootstrap_hosts.yml) both judge with this
-    one function; ``facts`` as for problems() (host, specs, model_path, npus_needed, npu_chip,
-    hbm_per_npu_bytes), ``probe`` the pd_host_probe result. Returns ``host: what — what to do`` strings.
+    one function; ``facts`` as for problems() (host, specs, model_path, npu_chip, hbm_per_npu_bytes;
+    npus_needed, when not given, is what the specs use: npus_needed()), ``probe`` the pd_host_probe
+    result. Returns ``host: what — what to do`` strings.
     """
     return [f"{facts['host']}: {p}" for p in _driver_problems(facts, probe or {})]
 
@@ -196,8 +209,9 @@ def _driver_problems(facts, probe):
         count = npu_count(npu_smi.get("stdout"))
         if count is None:
             out.append("npu-smi info -l printed no 'Total Count' — check the driver version")
-        elif count < facts.get("npus_needed", 0):
-            out.append(f"npu-smi reports {count} NPUs but this host's ranks use {facts['npus_needed']} — "
+        elif count < facts.get("npus_needed", npus_needed(specs)):
+            needed = facts.get("npus_needed", npus_needed(specs))
+            out.append(f"npu-smi reports {count} NPUs but this host's ranks use {needed} — "
                        "fix pd_npus in host_vars or move ranks to another host")
     info = probe.get("npu_smi_info")
     if info is not None and (facts.get("npu_chip") or facts.get("hbm_per_npu_bytes")):

@@ -11,18 +11,14 @@
 
 They were Jinja expressions of two tasks (the probe's arguments, then a check task per host that computed
 the host's problems twice, in its message and in its condition); ansible-core compiles every template on
-every use in every worker, so the same judgement in Python costs a fraction. The rules are the filters'
-(pd_precheck_problems, pd_compat_problems, pd_compat_docker_warnings, pd_hccn_problems, pd_tag_problems,
-pd_rollout_targets, pd_hccn_ping_targets), called here, not copied.
+every use in every worker, so the same judgement in Python costs a fraction. The rules are the functions
+those tasks' filters applied (prechecks.problems, compat.problems and docker_warnings, netchecks
+cluster_problems and ping_targets, selection.tag_problems, order.rollout_targets), called here, not copied.
 """
-
-import re
 
 from ansible_collections.pd.deploy.plugins.plugin_utils.hostcheck import compat, netchecks, prechecks
 from ansible_collections.pd.deploy.plugins.plugin_utils.rollout import containers, order, selection
 from ansible_collections.pd.deploy.plugins.plugin_utils.shared import sizes
-
-_NPU_DEVICE = re.compile(r"davinci[0-9]")
 
 
 def hccn_tool(root):
@@ -75,7 +71,6 @@ def host_judgement(host, host_plan, probe, skip=False, compat_on=True, min_free_
         "host": host,
         "specs": specs,
         "model_path": host_plan["model_path"],
-        "npus_needed": len({d for s in specs for d in s.get("devices") or [] if _NPU_DEVICE.search(d)}),
         "ram_reserve_bytes": host_plan["ram_reserve_bytes"],
         "npu_chip": host_plan["npu_chip"],
         "hbm_per_npu_bytes": host_plan["hbm_per_npu_bytes"],
@@ -98,9 +93,9 @@ def host_verdict(problems, warnings=()):
     return {"failed": False, "msg": list(warnings)}
 
 
-def _own(host, probe):
-    """(problems, warnings) of one host from its pd_host_check result: its own judgement, or the one
-    problem of a host that could not be reached or read."""
+def host_problems(host, probe):
+    """(problems, warnings) of one host from its pd_host_check result: its own judgement, the variables it
+    refused, or the one problem of a host that could not be reached or read."""
     if isinstance(probe, dict) and read(probe) and isinstance(probe.get("problems"), list):
         return list(probe["problems"]), list(probe.get("docker_warnings") or [])
     if not isinstance(probe, dict) or read(probe):
@@ -117,14 +112,14 @@ def fleet_verdict(plan, probes, play_hosts, play_hosts_all=None, pull_failed=Fal
     play: NPU network across a cluster, a --tags selection that leaves a cluster half deployed),
     "fleet_problems": {that first host: [the play's problems]} ({} when there are none),
     "problems": [every problem, host by host], "warnings": [every Docker warning], "rollout": the
-    pd_rollout_targets of the play or None (a host with a problem, a host that left the play, a failed
+    order.rollout_targets of the play or None (a host with a problem, a host that left the play, a failed
     image pull: nothing is rolled), "ping_targets": {prefill host: its NPU ping targets} of the rolled
     clusters ({} without ``hccn`` or a rollout)}."""
     play_hosts = list(play_hosts or [])
     probes = probes if isinstance(probes, dict) else {}
     verdicts, problems, warnings, fleet = {}, [], [], {}
     for host in play_hosts:
-        own, warned = _own(host, probes.get(host))
+        own, warned = host_problems(host, probes.get(host))
         if host == play_hosts[0]:
             play = netchecks.cluster_problems(plan, {h: probes.get(h) for h in play_hosts}) if hccn else []
             tags = selection.tag_selection(run_tags if run_tags is not None else ["all"], skip_tags)

@@ -43,7 +43,10 @@ def validate_report(plan, problem="", play_hosts=None):
 
 
 def _lost(probe):
-    return isinstance(probe, dict) and bool(probe.get("unreachable") or probe.get("failed"))
+    """A probe that read nothing: unreachable, or failed (not one that refused the role's variables: that
+    is a problem of the run's inventory, reported with the others)."""
+    return isinstance(probe, dict) and bool(probe.get("unreachable")
+                                            or (probe.get("failed") and not probe.get("argument_errors")))
 
 
 def _pull_failures(host, result):
@@ -82,10 +85,11 @@ def _verdicts(prechecks, probes):
         return given
     out = {}
     for host, probe in probes.items():
-        if not isinstance(probe, dict) or _lost(probe) or not isinstance(probe.get("problems"), list):
+        if (not isinstance(probe, dict) or _lost(probe)
+                or not (isinstance(probe.get("problems"), list) or probe.get("argument_errors"))):
             continue
-        out[host] = verdict.host_verdict(list(probe["problems"]) + list(fleet.get(host) or []),
-                                         list(probe.get("docker_warnings") or []))
+        own, warned = verdict.host_problems(host, probe)
+        out[host] = verdict.host_verdict(own + list(fleet.get(host) or []), warned)
     return out
 
 

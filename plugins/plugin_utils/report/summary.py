@@ -167,7 +167,7 @@ def rollout_summary(plan, play_hosts, targets=None, dry_run=False, outcomes=None
                     rollout_skipped=False, problem=""):
     """The deploy's closing report: per cluster of the play, what it became and each container's state.
 
-    ``targets`` is pd_rollout_targets (None: render-only, the containers are only listed). With it, each
+    ``targets`` is the rollout the prechecks decided, order.rollout_targets (None: render-only, the containers are only listed). With it, each
     cluster is rolled out (with ``dry_run``, --check: would be), unchanged, failed during its rollout, or
     not rolled out because the deploy stopped first. ``outcomes`` is {host: pd_rollout_outcome fact} of
     the rolled hosts ({done: true}, or {done: false, task, msg} from the rollout's rescue; missing: the

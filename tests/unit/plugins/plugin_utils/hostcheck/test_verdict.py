@@ -189,3 +189,23 @@ def test_the_role_options_are_checked_in_the_probe_task_when_the_include_skips_a
                    if "ansible.builtin.include_role" in t and t["ansible.builtin.include_role"]["name"] == "pd.deploy.pd_prechecks")
     assert include.get("rolespec_validate") is False
     assert tasks[0]["pd.deploy.pd_host_check"]["check_role_options"] == "main"
+
+
+def test_the_npus_a_host_needs_are_its_distinct_davinci_devices():
+    specs = [{"devices": ["/dev/davinci0:/dev/davinci0", "/dev/davinci1", "/dev/davinci_manager", "/dev/hisi_hdc"]},
+             {"devices": ["/dev/davinci1", "/dev/davinci12:/dev/davinci12"]}, {}]
+    assert prechecks.npus_needed(specs) == 3   # davinci0, davinci1 (twice, counted once), davinci12
+    # the example fleet's decode host runs ranks on all 8 of its NPUs (pd_npus: 8)
+    entry = PLAN["hosts"]["a-d0"]
+    assert entry["npus"] == 8 and prechecks.npus_needed(containers.host_specs(entry)) == 8
+
+
+def test_a_refused_variable_is_a_problem_of_the_inventory_not_a_lost_host():
+    refused = {"failed": True, "msg": "Validation of arguments failed: ...",
+               "argument_errors": ["argument 'pd_prechecks_probe_timeout' is of type str and we were unable to "
+                                   "convert to int"]}
+    found = verdict.fleet_verdict(PLAN, probes(**{"b-p0": refused}), HOSTS, HOSTS, hccn=False)
+    assert found["rollout"] is None and found["verdicts"]["b-p0"]["failed"]
+    line = found["verdicts"]["b-p0"]["msg"]
+    assert line.startswith("b-p0: argument 'pd_prechecks_probe_timeout' is of type str")
+    assert "fix that variable (inventory or -e" in line and "its probe failed" not in line

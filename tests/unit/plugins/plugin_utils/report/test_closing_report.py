@@ -136,6 +136,14 @@ def test_the_verdicts_come_from_the_judged_probes_and_the_plays_problems():
     assert f"  {DOCKER}" in lines and f"  a-p0: {tags}" in lines
     assert "  a-p0: WARNING a-p0: Docker keeps logs unrotated" in lines
     assert not any(line.startswith("Not judged") for line in lines)
+    # a probe that refused the role's variables is a problem listed with the others, not a host to bring back
+    refused = dict(probes, **{"b-d1": {"failed": True, "msg": "Validation of arguments failed",
+                                       "argument_errors": ["argument 'pd_prechecks_skip' is not a boolean"]}})
+    lines = report.rollout_summary(plan, HOSTS, None, False, {}, {}, {"probes": refused, "fleet": {}})
+    assert any(line.startswith("  b-d1: argument 'pd_prechecks_skip' is not a boolean — fix that variable")
+               for line in lines)
+    assert not any("could not be read" in line for line in lines)
+    assert refusals.refusal(plan, {"probes": refused, "fleet": {}})["hosts"] == ["a-p0", "b-d1"]
     # no problem anywhere: nothing refused
     clean = {h: {"containers": [], "problems": [], "docker_warnings": []} for h in plan["hosts"]}
     assert refusals.refusal(plan, {"probes": clean, "fleet": {}}) == {}
