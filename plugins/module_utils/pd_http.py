@@ -78,6 +78,21 @@ def docker(socket_path, method, path, timeout=10.0, body=None):
         return status, None, ""
 
 
+def answer_text(status, body, error):
+    """A Docker call's failure in words: the connection error, else the status and Docker's message."""
+    if error:
+        return error
+    message = body.get("message") if isinstance(body, dict) else None
+    return f"Docker API answered HTTP {status}" + (f": {message}" if message else "")
+
+
+def remove_container(socket_path, name):
+    """Remove a container, running or not (one already gone is fine): '' or what went wrong, in words."""
+    status, body, error = docker(socket_path, "DELETE", f"/containers/{urllib.parse.quote(name, safe='')}?force=1",
+                                 timeout=60)
+    return "" if status in (204, 404) else f"cannot remove {name}: {answer_text(status, body, error)}"
+
+
 def container_gone(socket_path, name):
     """Why the container ``name`` will not answer (exited, dead, crash-looping, removed), else None.
 

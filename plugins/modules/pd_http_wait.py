@@ -18,7 +18,10 @@ options:
       - List of {name, url, timeout_s}; optional method (GET), body (sent as JSON), status ([200]),
         container (a Docker container name; once it has exited the check ends at once, failed),
         headers (more request headers), json_list (a key of the JSON answer that must hold a non-empty
-        list, e.g. C(choices) of a completion; a failed check then carries the start of its C(answer)).
+        list, e.g. C(choices) of a completion; a failed check then carries the start of its C(answer)),
+        retire (a Docker container name removed, running or not, once the check answered, the
+        C(<name>-previous) a replaced rank was kept as; the result then says C(retired)).
+      - A removal Docker refuses fails the module after the wait, naming it (the results come with it).
       - A C(timeout_s) of 0 sends one request (with the whole O(request_timeout)), no retry.
     type: list
     elements: dict
@@ -87,7 +90,21 @@ all_ok:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.pd.deploy.plugins.module_utils.pd_http import container_gone, failed_summary, wait_all
+from ansible_collections.pd.deploy.plugins.module_utils.pd_http import container_gone, failed_summary, remove_container, wait_all
+
+
+def retire(socket_path, checks, results, remove=remove_container):
+    """Remove the ``retire`` container of every check that answered (marked ``retired`` in its result):
+    the errors, in words."""
+    errors = []
+    for check, result in zip(checks, results):
+        if check.get("retire") and result.get("ok"):
+            error = remove(socket_path, check["retire"])
+            if error:
+                errors.append(f"{check['name']} answered, but {error}")
+            else:
+                result["retired"] = check["retire"]
+    return errors
 
 
 def main():
@@ -114,7 +131,12 @@ def main():
     results = wait_all(checks, module.params["interval"], module.params["request_timeout"],
                        slice_s=module.params["slice_s"], first_interval=module.params["first_interval"],
                        gone=lambda name: container_gone(module.params["docker_socket"], name))
-    module.exit_json(changed=False, results=results, all_ok=all(r["ok"] for r in results),
+    errors = retire(module.params["docker_socket"], checks, results)
+    changed = any(r.get("retired") for r in results)
+    if errors:
+        module.fail_json(msg="; ".join(errors) + f" (Docker at unix://{module.params['docker_socket']})",
+                         changed=changed, results=results, all_ok=all(r["ok"] for r in results))
+    module.exit_json(changed=changed, results=results, all_ok=all(r["ok"] for r in results),
                      msg=failed_summary(results) or "every check answered")
 
 

@@ -82,7 +82,8 @@ def test_every_role_declares_its_socket_option_as_the_plans():
 
 #: pd-deploy's modules that talk to the Docker API (pd_host_check through pd_host_probe); their documented option
 #: default serves direct use only.
-DOCKER_MODULES = ("pd_host_probe", "pd_host_check", "pd_container_logs", "pd_http_wait", "pd_proxy_drain")
+DOCKER_MODULES = ("pd_host_probe", "pd_host_check", "pd_container_logs", "pd_container_start", "pd_http_wait",
+                  "pd_proxy_drain")
 
 
 def test_every_call_of_a_docker_module_passes_the_socket():

@@ -364,13 +364,16 @@ def orphans(entry, containers, host):
             and not c["name"].endswith(PREVIOUS) and not c.get("baseline")]
 
 
-def health_checks(specs):
+def health_checks(specs, previous=None):
     """pd_http_wait checks for launch specs: each health URL within the spec's own start timeout.
 
-    Each check names its container, so the wait ends at once for a rank whose container exited.
+    Each check names its container, so the wait ends at once for a rank whose container exited. A spec
+    named in ``previous`` (pd_replacement_plan's previous) also names its ``<name>-previous``, which the
+    wait removes once the rank answered (``retire``).
     """
-    return [{"name": s["name"], "url": s["health_url"], "timeout_s": s.get("health_timeout_s") or 0,
-             "container": s["name"]}
+    previous = set(previous or [])
+    return [dict({"name": s["name"], "url": s["health_url"], "timeout_s": s.get("health_timeout_s") or 0,
+                  "container": s["name"]}, **({"retire": s["name"] + PREVIOUS} if s["name"] in previous else {}))
             for s in specs if s.get("health_url")]
 
 

@@ -39,6 +39,18 @@ class Daemon:
         self.lock = threading.Lock()
         self.create_delay = 0.0
         self.refuse_start = set()
+        # (name, RestartPolicy, running) of every container after each call that changed one: the states a
+        # run killed between two calls leaves behind
+        self.states = []
+
+    def add_container(self, name, labels=None, running=True, policy="always"):
+        self.containers[name] = {"Id": name + "-id", "Name": "/" + name, "Image": IMAGE_ID,
+                                 "Config": {"Labels": dict(labels or {})},
+                                 "HostConfig": {"RestartPolicy": {"Name": policy}},
+                                 "State": {"Running": running, "Status": "running" if running else "exited"}}
+
+    def snapshot(self):
+        return {n: (c["HostConfig"]["RestartPolicy"]["Name"], c["State"]["Running"]) for n, c in self.containers.items()}
 
     def add_image(self, ref, image_id=IMAGE_ID, labels=None):
         image = {"Id": image_id, "Config": {"Labels": dict(labels or {})}}
@@ -91,20 +103,41 @@ class FakeDocker(QuietHandler):
                 return self._reply(404, {"message": f"No such container: {parts[1]}"})
             if method == "GET":
                 return self._reply(200, found)
+            return self._change(d, method, parts, query, body, found)
+        return self._reply(500, {"message": f"unexpected call {method} {self.path}"})
+
+    def _change(self, d, method, parts, query, body, found):
+        with d.lock:
             if method == "DELETE":
+                if found["State"]["Running"] and query.get("force") != ["1"]:
+                    return self._reply(409, {"message": "You cannot remove a running container"})
                 del d.containers[parts[1]]
-                return self._reply(204)
-            if parts[2] == "start":
+                reply = (204,)
+            elif parts[2] == "start":
                 if parts[1] in d.refuse_start:
                     return self._reply(500, {"message": "error gathering device information while adding custom device"})
                 if found["State"]["Running"]:
                     return self._reply(304)
                 found["State"] = {"Running": True, "Status": "running"}
-                return self._reply(204)
-            if parts[2] == "stop":
+                reply = (204,)
+            elif parts[2] == "stop":
+                if not found["State"]["Running"]:
+                    return self._reply(304)
                 found["State"] = {"Running": False, "Status": "exited"}
-                return self._reply(204)
-        return self._reply(500, {"message": f"unexpected call {method} {self.path}"})
+                reply = (204,)
+            elif parts[2] == "update":
+                found["HostConfig"]["RestartPolicy"] = dict(body["RestartPolicy"])
+                reply = (200, {"Warnings": []})
+            elif parts[2] == "rename":
+                new = query["name"][0]
+                if new in d.containers:
+                    return self._reply(409, {"message": f'Conflict. The container name "/{new}" is already in use'})
+                d.containers[new] = dict(d.containers.pop(parts[1]), Name="/" + new)
+                reply = (204,)
+            else:
+                return self._reply(500, {"message": f"unexpected call {method} {self.path}"})
+            d.states.append(d.snapshot())
+        return self._reply(*reply)
 
     def do_GET(self):  # noqa: N802 (http.server's name)
         self._route("GET")
@@ -246,6 +279,73 @@ def test_the_containers_start_at_the_same_time(dockerd):
     assert took < 2.9, took
     creates = [c for c in daemon.calls if c[1] == "/containers/create"]
     assert len(creates) == 3
+
+
+# ---- the steps of a replacement and of a rollback, before the start ---------------------------------
+
+def test_a_replacement_keeps_the_old_container_stopped_pinned_as_previous_then_starts_the_new(dockerd):
+    """preserve: a stale <name>-previous removed, the old one stopped, restart policy no, renamed; then the
+    new container starts under the name (it was roles/pd_container/tasks/preserve.yml, four tasks)."""
+    sock, daemon = dockerd
+    engine = [s for s in specs() if s["kind"] == "engine"][0]
+    name = engine["name"]
+    daemon.add_image(engine["image"])
+    daemon.add_container(name, labels={"pd.spec-hash": "old"}, policy="unless-stopped")
+    daemon.add_container(name + "-previous", labels={"pd.spec-hash": "older"}, running=False, policy="no")
+    steps, failed = mod.prepare_all(sock, {"preserve": [name], "previous": [name]})
+    assert failed == [] and steps == [{"name": name, "step": "preserved"}, {"name": name, "step": "pinned"}]
+    kept = daemon.containers[name + "-previous"]
+    assert kept["Config"]["Labels"] == {"pd.spec-hash": "old"} and not kept["State"]["Running"]
+    assert kept["HostConfig"]["RestartPolicy"] == {"Name": "no"} and name not in daemon.containers
+    assert mod.start_all(sock, requests_for([engine])) == [{"name": name, "action": "created"}]
+    assert daemon.containers[name]["State"]["Running"]
+
+
+@pytest.mark.parametrize("policy", ["always", "unless-stopped", "on-failure"])
+def test_no_kill_point_of_a_replacement_leaves_a_previous_container_that_restarts_by_itself(dockerd, policy):
+    """A run SIGKILLed after any Docker call of the replacement: whatever is named <name>-previous is stopped
+    with restart policy no (issue 20: a kill right after the rename left it unless-stopped)."""
+    sock, daemon = dockerd
+    daemon.add_container("r", labels={"pd.spec-hash": "old"}, policy=policy)
+    daemon.add_container("r-previous", labels={"pd.spec-hash": "older"}, running=False, policy="no")
+    states = [daemon.snapshot()]
+    assert mod.prepare_all(sock, {"preserve": ["r"], "previous": ["r"]})[1] == []
+    states += daemon.states
+    assert len(daemon.states) == 5  # remove the stale one, stop, pin, rename, pin again
+    for state in states:
+        assert state.get("r-previous", ("no", False)) == ("no", False), states
+    assert "r" not in daemon.containers and "r-previous" in daemon.containers
+
+
+def test_a_rollback_puts_the_previous_container_back_with_its_policy_and_starts_it(dockerd):
+    sock, daemon = dockerd
+    daemon.add_container("r", labels={"pd.spec-hash": "new"})                       # the new one never answered
+    daemon.add_container("r-previous", labels={"pd.spec-hash": "old"}, running=False, policy="no")
+    daemon.add_container("q", labels={"pd.spec-hash": "new"})                       # a first start: nothing kept
+    steps, failed = mod.prepare_all(sock, {"remove": ["r", "q"], "restore": [{"name": "r", "restart_policy": "always",
+                                                                              "env": {"ignored": "1"}}]})
+    assert failed == [] and [s["step"] for s in steps] == ["removed", "removed", "restored"]
+    assert set(daemon.containers) == {"r"}
+    back = daemon.containers["r"]
+    assert back["Config"]["Labels"] == {"pd.spec-hash": "old"} and back["State"]["Running"]
+    assert back["HostConfig"]["RestartPolicy"] == {"Name": "always"}
+
+
+def test_a_refused_step_is_named_and_ends_the_steps_and_check_mode_changes_nothing(dockerd):
+    sock, daemon = dockerd
+    daemon.add_container("r", labels={"pd.spec-hash": "new"})
+    daemon.add_container("r-previous", labels={"pd.spec-hash": "old"}, running=False, policy="no")
+    daemon.add_container("s", labels={"pd.spec-hash": "old"})
+    # the rename back cannot happen while "r" exists (nothing removed it): refused, and no pin follows
+    steps, failed = mod.prepare_all(sock, {"restore": [{"name": "r", "restart_policy": "always"}], "previous": ["s"]})
+    assert [s["name"] for s in failed] == ["r"] and steps == failed
+    assert failed[0]["error"].startswith("cannot rename r-previous back to r: Docker API answered HTTP 409: Conflict.")
+    daemon.calls.clear()
+    steps, failed = mod.prepare_all(sock, {"remove": ["r"], "preserve": ["s"], "restore": [{"name": "r"}],
+                                           "previous": ["s", "r"]}, check_mode=True)
+    assert failed == [] and len(steps) == 5 and daemon.calls == []
+    steps, failed = mod.prepare_all(str(sock) + ".gone", {"remove": ["r"]})
+    assert "cannot remove r: cannot reach the Docker engine" in failed[0]["error"]
 
 
 # ---- pd_start_requests --------------------------------------------------------------------------

@@ -392,6 +392,21 @@ def test_pd_http_wait_runs_as_a_module(engine):
     assert result["results"][1]["status"] == 503
 
 
+def test_the_wait_removes_the_retire_container_of_each_check_that_answered():
+    """wait.yml: a replaced rank's <name>-previous goes in the wait's own run once the rank answered."""
+    from ansible_collections.pd.deploy.plugins.modules import pd_http_wait
+    checks = [{"name": "a", "retire": "a-previous"}, {"name": "b", "retire": "b-previous"}, {"name": "c"}]
+    results = [{"name": "a", "ok": True}, {"name": "b", "ok": False}, {"name": "c", "ok": True}]
+    removed = []
+    assert pd_http_wait.retire("/s", checks, results, remove=lambda _s, name: removed.append(name) or "") == []
+    # the one that did not answer keeps its previous container: the rollback starts it again
+    assert removed == ["a-previous"] and results[0]["retired"] == "a-previous"
+    assert "retired" not in results[1] and "retired" not in results[2]
+    refused = pd_http_wait.retire("/s", checks[:1], [{"name": "a", "ok": True}],
+                                  remove=lambda _s, name: f"cannot remove {name}: Docker API answered HTTP 500")
+    assert refused == ["a answered, but cannot remove a-previous: Docker API answered HTTP 500"]
+
+
 @pytest.mark.ansible
 def test_pd_http_wait_refuses_a_check_without_url():
     result = ansible_module("pd_http_wait", {"checks": [{"name": "x", "timeout_s": 5}]})

@@ -1,6 +1,5 @@
 """plugin_utils.containers: what the container role decides from Docker's and the host's answers."""
 
-import copy
 
 import pytest
 
@@ -65,6 +64,9 @@ def test_probe_specs_and_health_checks_carry_name_hash_url_and_timeout():
         {"name": "p", "hash": "h2", "health_url": "", "image": ""}]
     assert containers.health_checks(specs) == [
         {"name": "a", "url": "http://127.0.0.1:8200/health", "timeout_s": 1800, "container": "a"}]
+    # a replaced rank's previous container goes once the rank answers (wait.yml: no task of its own)
+    two = [spec("a"), spec("b", http=8201)]
+    assert [c.get("retire") for c in containers.health_checks(two, ["b", "x"])] == [None, "b-previous"]
 
 
 def test_unhealthy_specs_are_those_whose_wait_did_not_end_ok():
@@ -364,60 +366,7 @@ def test_moved_image_warnings_name_cluster_containers_tag_both_images_and_the_fi
     assert containers.moved_image_warnings([]) == []
 
 
-# ---- the replacement's order of operations (roles/pd_container/tasks/preserve.yml) ---------------
-
-def _run_tasks(tasks, host, name):
-    """Apply the Docker effects of preserve.yml's tasks to ``host`` ({name: {running, policy}})."""
-    import re
-    for task in tasks:
-        text = yaml_dump(task).replace("{{ _pd_old }}", name)
-        if "community.docker.docker_container" in task:
-            args = yaml_load(text)["community.docker.docker_container"]
-            if args["state"] == "absent":
-                host.pop(args["name"], None)
-            elif args["state"] == "stopped":
-                host[args["name"]]["running"] = False
-            else:
-                raise AssertionError(f"unexpected docker_container state {args['state']}")
-            yield copy.deepcopy(host)
-            continue
-        args = yaml_load(text)["ansible.builtin.uri"]
-        url = re.fullmatch(r"http://localhost/containers/([^/]+)/(update|rename)(?:\?name=(.+))?", args["url"])
-        assert url, f"unexpected Docker API call {args['url']}"
-        target, call, new = url.groups()
-        if call == "update":
-            host[target]["policy"] = args["body"]["RestartPolicy"]["Name"]
-        else:
-            host[new] = host.pop(target)
-        yield copy.deepcopy(host)
-
-
-def yaml_load(text):
-    import yaml
-    return yaml.safe_load(text)
-
-
-def yaml_dump(data):
-    import yaml
-    return yaml.safe_dump(data, sort_keys=False)
-
-
-@pytest.mark.parametrize("policy", ["always", "unless-stopped", "on-failure"])
-def test_no_kill_point_of_a_replacement_leaves_a_previous_container_that_restarts_by_itself(policy):
-    """A run SIGKILLed after any task of preserve.yml: whatever is named <name>-previous has policy no
-    (issue 20: a kill right after the rename left it unless-stopped)."""
-    from pathlib import Path
-    tasks = yaml_load((Path(__file__).resolve().parents[5] / "roles/pd_container/tasks/preserve.yml").read_text())
-    host = {"r": {"running": True, "policy": policy}, "r-previous": {"running": False, "policy": "no"}}
-    states = [copy.deepcopy(host)] + list(_run_tasks(tasks, host, "r"))
-    assert len(states) == len(tasks) + 1, "a task of preserve.yml this test does not model"
-    seen_previous = False
-    for state in states:
-        if "r-previous" in state:
-            seen_previous = True
-            assert state["r-previous"]["policy"] == "no" and not state["r-previous"]["running"], state
-    assert seen_previous and "r" not in host  # the replacement did keep it
-
+# ---- previous containers (the Docker steps themselves: tests/unit/plugins/modules/test_container_start.py) ----
 
 def test_the_next_run_sets_policy_no_on_every_previous_container_it_finds():
     """A -previous left with another policy (an older pd-deploy, a hand rename) is fixed by the next run:
@@ -447,8 +396,9 @@ def test_a_wiring_that_failed_because_the_proxy_is_down_names_the_proxy_not_the_
 
 
 def test_every_step_on_a_previous_container_names_it_in_previous():
-    # apply.yml includes previous.yml (remove, preserve, the half-done notes, the restart policy) only
-    # when `previous` is not empty: every state with such a step must list its rank there
+    # apply.yml's start task does the steps on previous containers (remove, preserve, the restart policy) and
+    # names the half-done ones; it runs when `start` or `previous` is not empty, and every state with such a
+    # step must list its rank in previous (a step with nothing to start would be skipped otherwise)
     states = {"absent": None, "current": ("h", True), "changed": ("old", True), "stopped": ("h", False),
               "changed-stopped": ("old", False)}
     for state, now in states.items():
