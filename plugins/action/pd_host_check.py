@@ -18,21 +18,15 @@ Documented in plugins/modules/pd_host_check.py (ansible-doc reads a module's doc
 """
 
 from ansible.errors import AnsibleActionFail
-from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
 from ansible.module_utils.parsing.convert_bool import boolean
 from ansible.plugins.action import ActionBase
 
 from ansible_collections.pd.deploy.plugins.plugin_utils.hostcheck import verdict
+from ansible_collections.pd.deploy.plugins.plugin_utils.shared.controller import role_options
 from ansible_collections.pd.deploy.plugins.plugin_utils.shared.errors import PdError
 
 _VALID = frozenset(("host_plan", "vllm_ascend_version", "docker_socket", "ascend_root", "skip", "hccn", "compat",
                     "docker_daemon_json", "min_free_disk", "probe_timeout", "probe_interval", "check_role_options"))
-
-
-def role_option_errors(options, values):
-    """The errors of ``values`` ({variable: value}) against a role entry point's ``options``, as the
-    argument check Ansible prepends to a role reports them ([] when they pass)."""
-    return list(ArgumentSpecValidator(options).validate(values, validate_role_argument_spec=True).error_messages)
 
 
 def options(args):
@@ -74,7 +68,7 @@ class ActionModule(ActionBase):
         host = task_vars.get("inventory_hostname", "?")
         entry = self._task.args.get("check_role_options")
         if entry:
-            errors = self._role_errors(str(entry), task_vars)
+            errors = role_options(self, "pd_host_check", str(entry), task_vars)[0]
             if errors:
                 result.update(failed=True, argument_errors=errors,
                               msg="Validation of arguments failed:\n" + "\n".join(errors))
@@ -96,14 +90,3 @@ class ActionModule(ActionBase):
         except PdError as exc:
             raise AnsibleActionFail(f"pd_host_check: {exc}") from exc
         return result
-
-    def _role_errors(self, entry, task_vars):
-        """Check the variables of this task's role, entry point ``entry``, as Ansible's role argument check does."""
-        role = getattr(self._task, "_role", None)
-        specs = role._get_role_argspecs() if role is not None else {}
-        spec = (specs.get(entry) or {}).get("options") if isinstance(specs, dict) else None
-        if not spec:
-            raise AnsibleActionFail(f"pd_host_check: check_role_options: {entry!r} is no entry point with options "
-                                    "in the meta/argument_specs.yml of the task's role — name one, or leave it out")
-        values = self._templar.template({name: task_vars[name] for name in spec if name in task_vars})
-        return role_option_errors(spec, values)

@@ -141,7 +141,6 @@ class FilterModule:
         return {
             # plan: the whole plan from the inventory; sizes an operator writes
             "pd_plan_from_hostvars": plan_from_hostvars,
-            "pd_plan_problem": report.plan_problem,
             "pd_to_bytes": sizes.to_bytes,
             "pd_secret_env": secrets.secret_env,
             "pd_auth_headers": secrets.auth_headers,

@@ -131,8 +131,11 @@ def test_the_build_directory_is_spelled_out_once():
 
 def test_the_plan_publishes_the_build_directory_and_every_output_dir_reads_it():
     tasks = yaml.safe_load(_read(os.path.join(REPO, "roles", "pd_plan", "tasks", "main.yml")))
-    published = [t["ansible.builtin.set_fact"] for t in tasks if "ansible.builtin.set_fact" in t]
-    assert published and "pd_plan_build_dir" in published[0] and published[0].get("pd_plan_fleet")
+    # the first task (pd_plan_make) publishes the plan and the build directory on localhost
+    assert tasks[0]["pd.deploy.pd_plan_make"]["plan"] and tasks[0]["delegate_facts"] is True
+    from ansible_collections.pd.deploy.plugins.action import pd_plan_make
+    made = pd_plan_make.facts({"pd_plan_report_failure": False, "pd_plan_build_dir": "/tmp/x"}, {"ok": True}, [], 1)
+    assert set(made) == {"pd_plan_fleet", "pd_plan_build_dir", "pd_plan_problem"}
     readers = {_rel(p) for p in _files(*ANSIBLE) if "hostvars['localhost'].pd_plan_build_dir" in _read(p)}
     for book in ("baseline", "capacity_report", "collect_logs", "deploy_pd", "health_check", "monitoring",
                  "token_gate", "tune"):

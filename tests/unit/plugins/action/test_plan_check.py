@@ -173,9 +173,32 @@ def test_the_runs_problem_names_a_mistyped_argument(args, field):
         report.plan_problem(*args)
 
 
-def test_the_filter_pd_plan_problem_is_the_function():
-    from ansible_collections.pd.deploy.plugins.filter.pd import FilterModule
-    assert FilterModule().filters()["pd_plan_problem"] is report.plan_problem
+def test_pd_plan_make_publishes_the_plan_the_resolved_build_dir_and_the_runs_problem(tmp_path):
+    from ansible_collections.pd.deploy.plugins.action import pd_plan_make
+    plan = fleet.plan_fleet(example_fleet())
+    (tmp_path / "real").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "real")
+    values = {"pd_plan_report_failure": True, "pd_plan_refuse_demo": False, "pd_plan_cluster_batch": "0",
+              "pd_plan_build_dir": str(tmp_path / "link")}
+    made = pd_plan_make.facts(values, plan, INV, 5)
+    assert made["pd_plan_fleet"] is plan and made["pd_plan_build_dir"] == str(tmp_path / "real")
+    # the same text as the check's refusal (one function: summary.plan_problem)
+    assert made["pd_plan_problem"] == report.plan_problem(INV, 5, False, False, "0") and "pd_cluster_batch" in made["pd_plan_problem"]
+    # without pd_plan_report_failure the check ends the run itself: no problem kept
+    assert pd_plan_make.facts(dict(values, pd_plan_report_failure=False), plan, INV, 5)["pd_plan_problem"] == ""
+
+
+@pytest.mark.ansible
+def test_a_refused_pd_plan_variable_fails_the_first_task_before_any_plan(tmp_path):
+    """validate.yml includes pd_plan without Ansible's argument-check task: its first task checks instead."""
+    proc = subprocess.run([str(Path(sys.executable).parent / "ansible-playbook"), "playbooks/validate.yml", "-i",
+                           "inventories/example", "-e", f"pd_plan_build_dir={tmp_path}/build", "-e",
+                           "pd_plan_write_reports=maybe", "-e", "pd_plan_render_specs=perhaps"],
+                          cwd=REPO, capture_output=True, text=True, env=dict(os.environ, ANSIBLE_NOCOLOR="1"))
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and "Validation of arguments failed" in out, out
+    assert "pd_plan_write_reports" in out and "pd_plan_render_specs" in out, out
+    assert "Stop before touching any host" not in out and not (tmp_path / "build").exists()
 
 
 def test_no_build_dir_writes_nothing():
@@ -244,7 +267,11 @@ def test_validate_is_one_play_and_pd_plan_two_tasks():
     assert len(plays) == 1 and plays[0]["hosts"] == "localhost:pd_clusters"
     tasks = yaml.safe_load((REPO / "roles" / "pd_plan" / "tasks" / "main.yml").read_text())
     assert [next(k for k in t if k != "name" and not k.startswith(("run_once", "delegate", "check_mode")))
-            for t in tasks] == ["ansible.builtin.set_fact", "pd.deploy.pd_plan_check"]
+            for t in tasks] == ["pd.deploy.pd_plan_make", "pd.deploy.pd_plan_check"]
+    # no argument-check task of Ansible's: the first task checks the role's variables
+    include = plays[0]["tasks"][0]["ansible.builtin.include_role"]
+    assert include["name"] == "pd.deploy.pd_plan" and include["rolespec_validate"] is False
+    assert tasks[0]["pd.deploy.pd_plan_make"]["check_role_options"] == "main"
     assert sorted(os.listdir(REPO / "roles" / "pd_plan" / "tasks")) == ["main.yml"]
 
 

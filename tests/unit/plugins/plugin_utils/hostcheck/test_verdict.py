@@ -12,6 +12,7 @@ from ansible_collections.pd.deploy.plugins.action import pd_host_check, pd_prech
 from ansible_collections.pd.deploy.plugins.plugin_utils.hostcheck import compat, netchecks, prechecks, verdict
 from ansible_collections.pd.deploy.plugins.plugin_utils.plan import fleet
 from ansible_collections.pd.deploy.plugins.plugin_utils.rollout import containers, order
+from ansible_collections.pd.deploy.plugins.plugin_utils.shared import controller
 from ansible_collections.pd.deploy.plugins.plugin_utils.shared.errors import PdError
 from tests.unit.plugins.plugin_utils.plan.test_fleet import example_fleet
 
@@ -179,9 +180,8 @@ def _prechecks_spec():
 
 def test_the_role_options_are_checked_in_the_probe_task_when_the_include_skips_ansibles_check():
     options, tasks, plays = _prechecks_spec()
-    assert pd_host_check.role_option_errors(options, {"pd_prechecks_probe_timeout": 20, "pd_prechecks_skip": False}) == []
-    errors = pd_host_check.role_option_errors(options, {"pd_prechecks_probe_timeout": "soon",
-                                                        "pd_prechecks_hccn": "maybe"})
+    assert controller.checked_options(options, {"pd_prechecks_probe_timeout": 20, "pd_prechecks_skip": False})[0] == []
+    errors = controller.checked_options(options, {"pd_prechecks_probe_timeout": "soon", "pd_prechecks_hccn": "maybe"})[0]
     assert len(errors) == 2 and any("pd_prechecks_probe_timeout" in e for e in errors)
     assert any("pd_prechecks_hccn" in e for e in errors)
     # the playbook leaves Ansible's argument check out only because the role's first task does it
