@@ -64,12 +64,10 @@ options:
   restore:
     description:
       - Rollback - each C(<name>-previous) is renamed back to C(<name>), given its launch spec's restart policy
-        again (C(restart_policy), kept as C(no) while it was the previous one) and started. C(<name>) must be
-        gone (O(remove)).
-      - A list of C({name, restart_policy}).
-    type: list
-    elements: dict
-    default: []
+        again (kept as C(no) while it was the previous one) and started. C(<name>) must be gone (O(remove)).
+      - A dict of C(name: restart policy).
+    type: dict
+    default: {}
   previous:
     description: Names whose C(<name>-previous) is kept after this run (the rollback targets) - its restart
       policy is set to C(no), so neither Docker nor a daemon restart starts it beside the new one.
@@ -161,13 +159,12 @@ def start_one(sock, spec, check_mode, stop_timeout):
     if check_mode:
         return action, ""
     if action == "recreated":
-        status, body, error = docker(sock, "POST", f"/containers/{quoted}/stop?t={int(stop_timeout)}",
-                                     timeout=stop_timeout + 30)
-        if status not in (204, 304, 404):
-            return "failed", f"cannot stop the container with other labels: {answer_text(status, body, error)}"
-        status, body, error = docker(sock, "DELETE", f"/containers/{quoted}?force=1", timeout=60)
-        if status not in (204, 404):
-            return "failed", f"cannot remove the container with other labels: {answer_text(status, body, error)}"
+        error = (_call(sock, "POST", f"/containers/{quoted}/stop?t={int(stop_timeout)}", (204, 304, 404),
+                       "stop the container with other labels", timeout=stop_timeout + 30)
+                 or _call(sock, "DELETE", f"/containers/{quoted}?force=1", (204, 404),
+                          "remove the container with other labels"))
+        if error:
+            return "failed", error
     if action != "started":
         status, body, error = docker(sock, "POST", f"/containers/create?name={quoted}", timeout=60,
                                      body=create_body(spec))
@@ -217,7 +214,12 @@ def remove_one(sock, name, _stop_timeout=10):
 
 def preserve_one(sock, name, stop_timeout=10):
     """Keep ``name`` for rollback: a stale ``<name>-previous`` removed, ``name`` stopped, pinned (restart
-    policy no) and renamed ``<name>-previous``. Error text or ''."""
+    policy no) and renamed ``<name>-previous``. Error text or ''.
+
+    The pin comes before the rename: a run killed between two calls never leaves ``<name>-previous`` with
+    restart policy always/unless-stopped (a daemon restart would start it on its rank's port and NPUs); a kill
+    between the stop and the pin leaves the old container stopped under its own name, which the next run
+    replaces as any other."""
     quoted = urllib.parse.quote(name, safe="")
     return (remove_one(sock, name + PREVIOUS)
             or _call(sock, "POST", f"/containers/{quoted}/stop?t={int(stop_timeout)}", (204, 304), f"stop {name}",
@@ -228,12 +230,13 @@ def preserve_one(sock, name, stop_timeout=10):
 
 
 def restore_one(sock, item, _stop_timeout=10):
-    """Roll back to ``<name>-previous``: renamed back, its restart policy given back, started. Error text or ''."""
-    name = item["name"]
+    """Roll back to ``<name>-previous``: renamed back, its restart policy given back, started. ``item``:
+    (name, restart policy). Error text or ''."""
+    name, policy = item
     kept = urllib.parse.quote(name + PREVIOUS, safe="")
     return (_call(sock, "POST", f"/containers/{kept}/rename?name={urllib.parse.quote(name, safe='')}", (204,),
                   f"rename {name}{PREVIOUS} back to {name}")
-            or _policy(sock, name, item.get("restart_policy") or "no")
+            or _policy(sock, name, policy or "no")
             or _call(sock, "POST", f"/containers/{urllib.parse.quote(name, safe='')}/start", (204, 304), f"start {name}"))
 
 
@@ -248,14 +251,16 @@ STEPS = (("remove", "removed", remove_one), ("preserve", "preserved", preserve_o
 
 
 def prepare_all(sock, todo, check_mode=False, stop_timeout=10):
-    """Run the steps of ``todo`` ({option: items}) in STEPS' order: ([{name, step[, error]}], failed entries).
+    """Run the steps of ``todo`` ({option: names}; restore: {name: restart policy}) in STEPS' order:
+    ([{name, step[, error]}], failed entries).
 
     Every item of a step is tried (a thread each); a step with a refusal ends the run there."""
     done = []
     for option, word, work in STEPS:
         items = todo.get(option) or []
+        items = list(items.items()) if isinstance(items, dict) else list(items)
         errors = [""] * len(items) if check_mode else _each(items, lambda i, w=work: w(sock, i, stop_timeout))
-        entries = [dict({"name": i["name"] if isinstance(i, dict) else i, "step": word}, **({"error": e} if e else {}))
+        entries = [dict({"name": i[0] if isinstance(i, tuple) else i, "step": word}, **({"error": e} if e else {}))
                    for i, e in zip(items, errors)]
         done.extend(entries)
         failed = [e for e in entries if "error" in e]
@@ -272,7 +277,7 @@ def main():
             "stop_timeout": {"type": "int", "default": 10},
             "remove": {"type": "list", "elements": "str", "default": []},
             "preserve": {"type": "list", "elements": "str", "default": []},
-            "restore": {"type": "list", "elements": "dict", "default": []},
+            "restore": {"type": "dict", "default": {}},
             "previous": {"type": "list", "elements": "str", "default": []},
         },
         supports_check_mode=True,
@@ -282,9 +287,6 @@ def main():
     if bad:
         module.fail_json(msg=f"containers: item(s) {bad} have no name or image; pass the plan's launch specs "
                              "through the pd_start_requests filter")
-    bad = [i for i, r in enumerate(p["restore"]) if not r.get("name")]
-    if bad:
-        module.fail_json(msg=f"restore: item(s) {bad} have no name; give {{name, restart_policy}} of each launch spec")
     where = f" (Docker at unix://{p['docker_socket']})"
     steps, failed = prepare_all(p["docker_socket"], {k: p[k] for k in ("remove", "preserve", "restore", "previous")},
                                 module.check_mode, p["stop_timeout"])

@@ -322,8 +322,7 @@ def test_a_rollback_puts_the_previous_container_back_with_its_policy_and_starts_
     daemon.add_container("r", labels={"pd.spec-hash": "new"})                       # the new one never answered
     daemon.add_container("r-previous", labels={"pd.spec-hash": "old"}, running=False, policy="no")
     daemon.add_container("q", labels={"pd.spec-hash": "new"})                       # a first start: nothing kept
-    steps, failed = mod.prepare_all(sock, {"remove": ["r", "q"], "restore": [{"name": "r", "restart_policy": "always",
-                                                                              "env": {"ignored": "1"}}]})
+    steps, failed = mod.prepare_all(sock, {"remove": ["r", "q"], "restore": {"r": "always"}})
     assert failed == [] and [s["step"] for s in steps] == ["removed", "removed", "restored"]
     assert set(daemon.containers) == {"r"}
     back = daemon.containers["r"]
@@ -337,11 +336,11 @@ def test_a_refused_step_is_named_and_ends_the_steps_and_check_mode_changes_nothi
     daemon.add_container("r-previous", labels={"pd.spec-hash": "old"}, running=False, policy="no")
     daemon.add_container("s", labels={"pd.spec-hash": "old"})
     # the rename back cannot happen while "r" exists (nothing removed it): refused, and no pin follows
-    steps, failed = mod.prepare_all(sock, {"restore": [{"name": "r", "restart_policy": "always"}], "previous": ["s"]})
+    steps, failed = mod.prepare_all(sock, {"restore": {"r": "always"}, "previous": ["s"]})
     assert [s["name"] for s in failed] == ["r"] and steps == failed
     assert failed[0]["error"].startswith("cannot rename r-previous back to r: Docker API answered HTTP 409: Conflict.")
     daemon.calls.clear()
-    steps, failed = mod.prepare_all(sock, {"remove": ["r"], "preserve": ["s"], "restore": [{"name": "r"}],
+    steps, failed = mod.prepare_all(sock, {"remove": ["r"], "preserve": ["s"], "restore": {"r": "always"},
                                            "previous": ["s", "r"]}, check_mode=True)
     assert failed == [] and len(steps) == 5 and daemon.calls == []
     steps, failed = mod.prepare_all(str(sock) + ".gone", {"remove": ["r"]})
