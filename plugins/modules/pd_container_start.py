@@ -65,7 +65,7 @@ options:
     description:
       - Rollback - each C(<name>-previous) is renamed back to C(<name>), given its launch spec's restart policy
         again (kept as C(no) while it was the previous one) and started. C(<name>) must be gone (O(remove)).
-      - A dict of C(name: restart policy).
+      - 'A dict of C(name: restart policy).'
     type: dict
     default: {}
   previous:
